@@ -1,0 +1,132 @@
+"""heavylift: bring a model up with vLLM on every host of the inventory.
+
+    pyinfra inventory/<site>.py deploy.py              converge
+    pyinfra inventory/<site>.py deploy.py --dry --diff show what would change
+
+The rollout, top to bottom: validate -> resolve -> runtime -> weights -> checkpoint
+overlay -> service -> readiness. One call per step into operations/.
+"""
+
+
+from pyinfra import host
+from pyinfra.api import StringCommand, QuoteString
+from pyinfra.operations import files
+
+from models.validate import load_deployment
+from operations import checkpoint, readiness, runtime, service, weights
+from operations.plan import make_plan, quoted
+
+# 1. validate: a bad key or value stops the run here, before any host changes
+deployment = load_deployment(host)
+
+# 2. resolve: pinned revision (lock file), file list, patched configs, vLLM arguments
+plan = make_plan(deployment, host.name)
+layout = plan.layout
+
+# 3. runtime: uv, then a venv per build that is never changed after it is checked
+files.directory(name="heavylift folders", path=layout.deployment_dir)
+runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version)
+hub_venv = runtime.venv(
+    name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,
+    uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.hub_venv.check,
+)
+vllm_venv = runtime.venv(
+    name=f"vLLM venv {deployment.settings.vllm.package}=={deployment.settings.vllm.version}",
+    path=plan.vllm_venv.path, spec=plan.vllm_venv.spec,
+    uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.vllm_venv.check,
+)
+active_venv = files.link(name="active vLLM venv", path=layout.active_venv, target=plan.vllm_venv.path)
+
+# 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
+files.put(
+    name="heavylift host scripts",
+    src="operations/scripts/fetch_weights.py",
+    dest=f"{layout.scripts}/fetch_weights.py",
+)
+content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)
+weights.downloaded(
+    name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]}",
+    snapshot=plan.snapshot,
+    local_dir=content_dir,
+    manifest=layout.manifest(plan.snapshot.repo, plan.snapshot.commit),
+    python=f"{plan.hub_venv.path}/bin/python",
+    script_dir=layout.scripts,
+    endpoint=plan.hf_endpoint,
+    workers=plan.download_workers,
+)
+
+# 5. checkpoint overlay: links to the pristine files plus the patched, rendered configs
+files.directory(name="overlay folder", path=layout.overlay)
+overlay_links = checkpoint.links(
+    name="overlay links", path=layout.overlay, target_dir=content_dir, names=plan.link_names,
+)
+rendered_configs = [
+    files.template(
+        name=f"overlay {filename}",
+        src=f"templates/{filename}.j2",
+        dest=f"{layout.overlay}/{filename}",
+        repo=plan.snapshot.repo,
+        commit=plan.snapshot.commit,
+        document=text.rstrip("\n"),
+    )
+    for filename, text in plan.rendered.items()
+]
+
+# 6. service: one launcher for both systemd and the fallback supervisor
+launcher = files.template(
+    name="vLLM launcher",
+    src="templates/serve.sh.j2",
+    dest=layout.launcher,
+    mode="755",
+    deployment=plan.deployment,
+    repo=plan.snapshot.repo,
+    commit=plan.snapshot.commit,
+    env_file=layout.env_file,
+    command=quoted(plan.launcher_args),
+)
+env_file = files.template(
+    name="vLLM environment",
+    src="templates/serve.env.j2",
+    dest=layout.env_file,
+    mode="600",
+    deployment=plan.deployment,
+    env={key: quoted([value])[0] for key, value in plan.env.items()},
+)
+stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file]
+
+manager = deployment.settings.service_manager
+if manager == "auto":
+    manager = "systemd" if host.get_fact(service.InitSystem) == "systemd" else "fallback"
+if manager == "systemd":
+    unit_file = files.template(
+        name="systemd unit",
+        src="templates/vllm.service.j2",
+        dest=layout.unit_path,
+        deployment=plan.deployment,
+        repo=plan.snapshot.repo,
+        commit=plan.snapshot.commit,
+        env_file=layout.env_file,
+        launcher=layout.launcher,
+        timeout_start=plan.readiness_timeout,
+    )
+    service.systemd_unit(
+        name=f"service {layout.unit_name}", unit=layout.unit_name,
+        dependencies=[*stale_when_changed, unit_file], unit_file_op=unit_file,
+    )
+    log_command = StringCommand("journalctl", "-u", QuoteString(layout.unit_name), "-n", "40", "--no-pager")
+else:
+    service.daemon(
+        name="service (start-stop-daemon)", launcher=layout.launcher, env_file=layout.env_file,
+        pidfile=layout.pidfile, logfile=layout.logfile, dependencies=stale_when_changed,
+    )
+    log_command = StringCommand("tail", "-n", "40", QuoteString(layout.logfile))
+
+# 7. readiness: /health, then one real completion; prints the endpoint
+readiness.serving(
+    name="vLLM ready",
+    url=plan.probe_url,
+    model=plan.served_model_name,
+    endpoint=plan.endpoint,
+    budget_seconds=plan.readiness_timeout,
+    log_command=log_command,
+)

