@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-DEMO_DIR=.demo
+DEMO_DIR="$PWD/.demo"
 MIRROR_PORT=8390
 VLLM_PORT=8321
 DEMO_ROOT=/opt/heavylift-demo

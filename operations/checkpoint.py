@@ -81,6 +81,9 @@ class FolderLinks(FactBase):
             "find . -type l -printf '%P\\t%l\\n'", "||", "true",
         )
 
+    def default(self):
+        return {}
+
     def process(self, output):
         links = {}
         for line in output:

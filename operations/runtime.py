@@ -33,6 +33,7 @@ UV_WHEEL_PLATFORMS = {
     "x86_64": "manylinux_2_17_x86_64",
     "aarch64": "manylinux_2_17_aarch64",
 }
+PYPI_SIMPLE = os.environ.get("HEAVYLIFT_PYPI_SIMPLE", "https://pypi.org/simple/")
 LOCAL_CACHE = Path(os.environ.get("HEAVYLIFT_CACHE", Path.home() / ".cache" / "heavylift"))
 
 
@@ -66,14 +67,18 @@ def local_uv_binary(version: str, machine: str) -> Path:
     binary = LOCAL_CACHE / "uv" / version / platform / "uv"
     if binary.exists():
         return binary
-    with urllib.request.urlopen(f"https://pypi.org/pypi/uv/{version}/json", timeout=60) as answer:
-        release = json.load(answer)
-    wheel = next((f for f in release["urls"] if f["filename"].endswith(".whl") and platform in f["filename"]), None)
+    # PyPI's simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
+    request = urllib.request.Request(PYPI_SIMPLE + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        listing = json.load(answer)
+    wheel = next(
+        (f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and platform in f["filename"]), None
+    )
     if wheel is None:
         raise OperationError(f"PyPI has no uv {version} wheel for {platform}")
     with urllib.request.urlopen(wheel["url"], timeout=300) as answer:
         data = answer.read()
-    if hashlib.sha256(data).hexdigest() != wheel["digests"]["sha256"]:
+    if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
         raise OperationError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
     member = next(n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if n.endswith("/scripts/uv"))
     binary.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host, state
-from pyinfra.api import FactBase, OperationMeta, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
 
 
 class InitSystem(FactBase):
