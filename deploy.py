@@ -8,6 +8,14 @@ overlay -> service -> readiness. One call per step into operations/.
 """
 
 
+import sys
+from pathlib import Path
+
+# models/ and operations/ live beside this file, wherever pyinfra is started from
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+TEMPLATES = HERE / "templates"
+
 from pyinfra import host
 from pyinfra.api import StringCommand, QuoteString
 from pyinfra.operations import files
@@ -40,7 +48,7 @@ active_venv = files.link(name="active vLLM venv", path=layout.active_venv, targe
 # 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
 files.put(
     name="heavylift host scripts",
-    src="operations/scripts/fetch_weights.py",
+    src=str(HERE / "operations" / "scripts" / "fetch_weights.py"),
     dest=f"{layout.scripts}/fetch_weights.py",
 )
 content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)
@@ -63,7 +71,7 @@ overlay_links = checkpoint.links(
 rendered_configs = [
     files.template(
         name=f"overlay {filename}",
-        src=f"templates/{filename}.j2",
+        src=str(TEMPLATES / f"{filename}.j2"),
         dest=f"{layout.overlay}/{filename}",
         repo=plan.snapshot.repo,
         commit=plan.snapshot.commit,
@@ -75,7 +83,7 @@ rendered_configs = [
 # 6. service: one launcher for both systemd and the fallback supervisor
 launcher = files.template(
     name="vLLM launcher",
-    src="templates/serve.sh.j2",
+    src=str(TEMPLATES / "serve.sh.j2"),
     dest=layout.launcher,
     mode="755",
     deployment=plan.deployment,
@@ -86,7 +94,7 @@ launcher = files.template(
 )
 env_file = files.template(
     name="vLLM environment",
-    src="templates/serve.env.j2",
+    src=str(TEMPLATES / "serve.env.j2"),
     dest=layout.env_file,
     mode="600",
     deployment=plan.deployment,
@@ -100,7 +108,7 @@ if manager == "auto":
 if manager == "systemd":
     unit_file = files.template(
         name="systemd unit",
-        src="templates/vllm.service.j2",
+        src=str(TEMPLATES / "vllm.service.j2"),
         dest=layout.unit_path,
         deployment=plan.deployment,
         repo=plan.snapshot.repo,

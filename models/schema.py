@@ -141,7 +141,7 @@ class JsonPatch(Strict):
         return value
 
     @model_validator(mode="after")
-    def _disjoint(self) -> "JsonPatch":
+    def _disjoint(self) -> JsonPatch:
         both = sorted(set(self.remove) & set(self.set))
         if both:
             raise ValueError(f"{both[0]!r} is both removed and set")
@@ -197,7 +197,7 @@ class Support(Strict):
     fix: str = ""
 
     @model_validator(mode="after")
-    def _unsupported_says_why(self) -> "Support":
+    def _unsupported_says_why(self) -> Support:
         if self.status == "unsupported" and not (self.reason and self.fix):
             raise ValueError("an unsupported entry must give both 'reason' and 'fix'")
         return self
@@ -215,11 +215,14 @@ class CatalogEntry(Strict):
     docs: str | None = Field(default=None, description="path of the entry's documentation, relative to the repo")
 
     @model_validator(mode="after")
-    def _patterns_fetch_the_weights(self) -> "CatalogEntry":
+    def _patterns_fetch_the_weights(self) -> CatalogEntry:
         # a pattern list that can't match the weight files downloads a checkpoint without weights
         suffix = ".gguf" if self.format == "gguf" else ".safetensors"
         if not any(suffix in pattern or pattern.endswith("*") for pattern in self.hub.allow_patterns):
             raise ValueError(f"format is {self.format!r} but no hub.allow_patterns entry matches {suffix} files")
+        # GGUF files carry no Hugging Face tokenizer: vLLM takes it from the base repo (FACTS, vllm-gguf-plugin)
+        if self.format == "gguf" and not any(arg.split("=", 1)[0] == "--tokenizer" for arg in self.serve.extra_args):
+            raise ValueError("format is 'gguf' but serve.extra_args does not name the tokenizer repo (--tokenizer)")
         return self
 
 
@@ -263,6 +266,9 @@ class SiteSettings(Strict):
     hf_endpoint: str | None = Field(default=None, description="Hub mirror URL (HF_ENDPOINT); the public Hub when unset")
     vllm: VllmRuntime
     uv_version: str = Field(default="0.13.9", description="uv release installed on the host (from PyPI's uv package)")
+    uv_cache_dir: str | None = Field(
+        default=None, description="uv's cache folder on the host; <root>/cache/uv when unset (a shared, pre-filled cache saves downloads)"
+    )
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="vLLM arguments added after the catalog's")
@@ -310,6 +316,13 @@ class SiteSettings(Strict):
         if not value.startswith("/") or value.rstrip("/") == "":
             raise ValueError(f"{value!r} is not an absolute folder other than /")
         return value.rstrip("/")
+
+    @field_validator("uv_cache_dir")
+    @classmethod
+    def _absolute_cache(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
+            raise ValueError(f"{value!r} is not an absolute folder other than /")
+        return value.rstrip("/") if value else value
 
     @field_validator("hf_endpoint")
     @classmethod

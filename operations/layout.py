@@ -18,6 +18,7 @@ def spec_id(spec: dict) -> str:
 class Layout:
     root: str
     deployment: str
+    uv_cache_dir: str | None = None
 
     @property
     def uv(self) -> str:
@@ -30,7 +31,7 @@ class Layout:
 
     @property
     def uv_cache(self) -> str:
-        return posixpath.join(self.root, "cache", "uv")
+        return self.uv_cache_dir or posixpath.join(self.root, "cache", "uv")
 
     def venv(self, name: str) -> str:
         return posixpath.join(self.root, "venvs", name)

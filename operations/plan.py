@@ -56,7 +56,7 @@ def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
 
 def make_plan(deployment, host_name: str) -> Plan:
     settings, entry = deployment.settings, deployment.entry
-    layout = Layout(root=settings.root, deployment=deployment.name)
+    layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
     endpoint = settings.hf_endpoint
     commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, settings.refresh_lock)
     snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))

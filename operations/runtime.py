@@ -5,6 +5,8 @@ Rules encoded here (checked against uv 0.13.x):
   ``--index-strategy first-index``), so an extra index such as a vLLM nightly wins
   over PyPI; we never pass ``unsafe-best-match`` (it silently picks the stable
   release). uv docs: concepts/indexes "Searching across multiple indexes".
+- ``UV_SYSTEM_CERTS=1`` (uv 0.13 name of ``--native-tls``): uv otherwise trusts only its
+  bundled webpki roots and fails behind a site CA.
 - ``UV_PYTHON_DOWNLOADS=never``: the venv is made from an interpreter already on the
   host; uv's managed-Python downloads come from outside the package registries.
 """
@@ -147,6 +149,8 @@ def venv(path: str, spec: dict, uv_path: str, uv_cache: str, check: str):
         "env",
         "UV_PYTHON_DOWNLOADS=never",
         "UV_LINK_MODE=copy",
+        # trust the host's own certificate store (site CAs, TLS-inspecting proxies), as pip and curl do
+        "UV_SYSTEM_CERTS=1",
         StringCommand("UV_CACHE_DIR=", QuoteString(uv_cache), _separator=""),
     )
     python = posixpath.join(path, "bin", "python")

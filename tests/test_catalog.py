@@ -1,0 +1,160 @@
+"""The model catalog: every entry loads, the patches do what their reasons say, refusals explain themselves."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Inventory
+
+from models import HeavyliftConfigError, list_entries, load_deployment, load_entry
+from models.catalog import DEFAULT_CATALOG, ENTRY_NAME
+from models.schema import CatalogEntry
+from models.validate import DataSources
+from operations.checkpoint import apply_patch
+
+REPO = Path(__file__).resolve().parent.parent
+CATALOG_FILES = sorted(DEFAULT_CATALOG.glob("*.yaml"))
+KV_KEYS = {
+    "hf_quant_config.json": "quantization.kv_cache_quant_algo",
+    "config.json": "quantization_config.kv_cache_scheme",
+}
+
+# the pristine Kimi-K2.5-NVFP4 configs, as far as FACTS.md quotes them
+KIMI_HF_QUANT_CONFIG = {
+    "producer": {"name": "modelopt"},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "kv_cache_quant_algo": "FP8",
+        "group_size": 16,
+        "exclude_modules": ["lm_head"],
+    },
+}
+KIMI_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "text_config": {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "num_hidden_layers": 61},
+    "quantization_config": {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False},
+        "ignore": ["lm_head"],
+    },
+}
+
+
+def test_the_catalog_has_the_four_entries():
+    assert list_entries() == ["glm-5", "kimi-k2.5-nvfp4", "tiny-llama", "tiny-mla"]
+
+
+@pytest.mark.parametrize("path", CATALOG_FILES, ids=[p.stem for p in CATALOG_FILES])
+def test_every_catalog_file_loads(path):
+    assert ENTRY_NAME.match(path.stem), f"{path.name}: a catalog name must be a valid deployment name"
+    entry = load_entry(path.stem)
+    assert isinstance(entry, CatalogEntry)
+    assert entry.docs == f"docs/models/{path.stem}.md"
+    docs = (REPO / entry.docs).read_text()
+    assert entry.hub.repo in docs
+    if not entry.config_patch.config_json.is_empty or not entry.config_patch.hf_quant_config_json.is_empty:
+        assert entry.config_patch.reason, "a patch says why it exists"
+
+
+def _patch(entry: CatalogEntry, filename: str, document: dict) -> dict:
+    patch = entry.config_patch.config_json if filename == "config.json" else entry.config_patch.hf_quant_config_json
+    return apply_patch(document, patch.remove, patch.set)
+
+
+def _without(document: dict, dotted: str) -> dict:
+    out = copy.deepcopy(document)
+    *parents, last = dotted.split(".")
+    node = out
+    for key in parents:
+        node = node[key]
+    del node[last]
+    return out
+
+
+def test_kimi_patch_removes_exactly_the_two_kv_cache_keys():
+    entry = load_entry("kimi-k2.5-nvfp4")
+    patch = entry.config_patch
+    assert patch.hf_quant_config_json.remove == [KV_KEYS["hf_quant_config.json"]]
+    assert patch.config_json.remove == [KV_KEYS["config.json"]]
+    assert patch.hf_quant_config_json.set == {} and patch.config_json.set == {}
+
+    for filename, pristine in (("hf_quant_config.json", KIMI_HF_QUANT_CONFIG), ("config.json", KIMI_CONFIG)):
+        patched = _patch(entry, filename, pristine)
+        assert patched == _without(pristine, KV_KEYS[filename])
+        assert pristine == (KIMI_HF_QUANT_CONFIG if filename == "hf_quant_config.json" else KIMI_CONFIG), "input untouched"
+    # the weights stay NVFP4: only the KV-cache declarations go
+    assert _patch(entry, "hf_quant_config.json", KIMI_HF_QUANT_CONFIG)["quantization"]["quant_algo"] == "NVFP4"
+
+
+def test_kimi_serves_on_eight_gpus_with_its_own_code():
+    entry = load_entry("kimi-k2.5-nvfp4")
+    assert entry.hub.repo == "nvidia/Kimi-K2.5-NVFP4"
+    assert entry.serve.tensor_parallel_size == 8
+    assert "--trust-remote-code" in entry.serve.extra_args
+    for pattern in ("*.safetensors", "*.json", "*.py", "*.tiktoken", "*.model", "*.jinja", "*.txt"):
+        assert pattern in entry.hub.allow_patterns
+    for source in ("0.16", "SM120", "TRITON_MLA", "0.18.0", "#34597", "#46721"):
+        assert source in entry.config_patch.reason
+
+
+def test_tiny_mla_patch_turns_its_pristine_configs_into_the_unquantized_kv_variant():
+    """testbed/tiny_model.py writes tiny-mla with or without the FP8 KV entries: the patch maps one onto the other."""
+    tiny_model = pytest.importorskip("testbed.tiny_model")
+    entry = load_entry("tiny-mla")
+    assert entry.config_patch.config_json == load_entry("kimi-k2.5-nvfp4").config_patch.config_json
+    assert entry.config_patch.hf_quant_config_json == load_entry("kimi-k2.5-nvfp4").config_patch.hf_quant_config_json
+    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    assert _patch(entry, "config.json", tiny_model.mla_config(ids, True)) == tiny_model.mla_config(ids, False)
+    assert _patch(entry, "hf_quant_config.json", tiny_model.mla_hf_quant_config(True)) == tiny_model.mla_hf_quant_config(
+        False
+    )
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mla"])
+def test_tiny_models_run_on_one_cpu(name):
+    entry = load_entry(name)
+    assert entry.hub.repo == f"heavylift/{name}"
+    assert entry.serve.tensor_parallel_size == 1
+    assert entry.serve.max_model_len == 256
+    assert entry.serve.dtype == "bfloat16"
+    if name == "tiny-llama":
+        assert entry.serve.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        assert entry.config_patch.config_json.is_empty and entry.config_patch.hf_quant_config_json.is_empty
+
+
+def test_glm5_entry_is_gguf_and_unsupported_with_reason_and_fix():
+    entry = load_entry("glm-5")
+    assert entry.format == "gguf"
+    assert entry.serve.dtype == "float16"
+    assert "--tokenizer" in entry.serve.extra_args
+    assert entry.support.status == "unsupported"
+    for fact in ("glm_moe_dsa", "Unknown gguf model_type", "FLASHINFER_MLA_SPARSE_SM120", "0.26", "bf16", "float16"):
+        assert fact in entry.support.reason
+    assert "0.26" in entry.support.fix and "safetensors" in entry.support.fix
+
+
+def test_glm5_is_refused_when_a_host_asks_for_it(tmp_path):
+    inventory_file = tmp_path / "site.py"
+    inventory_file.write_text("# written by the test\n")
+    inventory = Inventory(([("gpu1", {"model": "glm-5", "vllm": {"version": "0.34.0"}})], {}))
+    host = inventory.get_host("gpu1")
+    with pytest.raises(HeavyliftConfigError) as caught:
+        load_deployment(host, sources=DataSources.for_inventory(inventory_file, cwd=tmp_path))
+    message = str(caught.value)
+    assert message.startswith(f"{DEFAULT_CATALOG / 'glm-5.yaml'}: model 'glm-5' is not supported by heavylift")
+    assert "host 'gpu1' in site.py" in message
+    assert "glm_moe_dsa" in message and "Unknown gguf model_type" in message
+    assert "Fix: serve a safetensors release of GLM-5" in message
+
+
+def test_a_supported_entry_gives_a_deployment(tmp_path):
+    inventory = Inventory(([("gpu1", {"model": "kimi-k2.5-nvfp4", "deployment": "kimi", "vllm": {"version": "0.34.0"}})], {}))
+    deployment = load_deployment(inventory.get_host("gpu1"), sources=DataSources.for_inventory(None, cwd=tmp_path))
+    assert deployment.name == "kimi"
+    assert deployment.entry.hub.repo == "nvidia/Kimi-K2.5-NVFP4"
+    assert deployment.entry_file == DEFAULT_CATALOG / "kimi-k2.5-nvfp4.yaml"
+    assert deployment.tensor_parallel_size == 8

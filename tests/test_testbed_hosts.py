@@ -1,0 +1,154 @@
+"""The SSH test hosts themselves: real pyinfra reaches each one, and each keeps to itself."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import ssh_hosts
+from testbed.ssh_hosts import TestBed, process_is_gone
+
+pytestmark = pytest.mark.e2e
+
+PYINFRA = Path(sys.executable).parent / "pyinfra"
+
+DEPLOY = """\
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.operations import files, server
+
+if "writers" in host.groups:
+    files.put(
+        name="Write the greeting",
+        src=StringIO(host.data.greeting + "\\n"),
+        dest="/opt/hello.txt",
+    )
+
+server.shell(
+    name="Leave a trace on every host",
+    commands=["hostname > /root/pyinfra-was-here"],
+)
+"""
+
+
+def run_pyinfra(inventory: Path, deploy: Path, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [str(PYINFRA), "-y", str(inventory), str(deploy)],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"pyinfra failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def bed(testbed_factory):
+    return testbed_factory(["host1", "host2"])
+
+
+def test_hosts_have_their_own_names(bed):
+    names = {name: host.run("hostname", check=True).stdout for name, host in bed.hosts.items()}
+    assert names == {"host1": "host1\n", "host2": "host2\n"}
+    assert socket.gethostname() not in ("host1", "host2")
+
+
+def test_pyinfra_deploy_lands_only_on_its_host(bed, tmp_path):
+    assert not Path("/opt/hello.txt").exists(), "the machine itself has /opt/hello.txt already"
+    inventory = bed.write_inventory(
+        tmp_path / "inventory.py",
+        host_data={"host1": {"greeting": "hello from heavylift"}},
+        groups={"writers": ["host1"]},
+    )
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(DEPLOY)
+
+    run_pyinfra(inventory, deploy, cwd=tmp_path)
+
+    host1, host2 = bed["host1"], bed["host2"]
+    assert host1.run("cat /opt/hello.txt", check=True).stdout == "hello from heavylift\n"
+    assert host1.path("/opt/hello.txt").read_text() == "hello from heavylift\n"
+    assert host2.run("test -e /opt/hello.txt").returncode == 1
+    assert not host2.path("/opt/hello.txt").exists()
+    assert not Path("/opt/hello.txt").exists()
+    # pyinfra reached both hosts, and each says who it is
+    assert host1.run("cat /root/pyinfra-was-here").stdout == "host1\n"
+    assert host2.run("cat /root/pyinfra-was-here").stdout == "host2\n"
+    assert not Path("/root/pyinfra-was-here").exists()
+
+
+def test_daemon_started_over_ssh_outlives_the_session_until_stop(testbed_factory):
+    bed = testbed_factory(["daemons"])
+    host = bed["daemons"]
+    start_daemon = (
+        "start-stop-daemon --start --background --make-pidfile --pidfile /run/x.pid"
+        " --exec /bin/sleep -- 1000 && cat /run/x.pid"
+    )
+    session = subprocess.run(
+        host.ssh_argv(start_daemon), check=False, capture_output=True, text=True, timeout=30
+    )
+    assert session.returncode == 0, session.stderr
+    daemon_pid = int(session.stdout)
+
+    # the SSH session is over; the daemon lives on, inside the host
+    assert daemon_pid in host.processes()
+    # start-stop-daemon writes the pidfile from its child, just before that execs sleep
+    assert wait_for(lambda: host.run("cat /proc/$(cat /run/x.pid)/comm").stdout == "sleep\n")
+
+    bed.stop()
+
+    assert daemon_pid not in host.processes()
+    assert process_is_gone(daemon_pid)
+    assert not host.dir.exists()
+    bed.stop()  # idempotent
+
+
+def test_stopped_hosts_leave_no_mounts_behind(testbed_factory):
+    bed = testbed_factory(["mounts"])
+    host = bed["mounts"]
+    overlay = f"upperdir={host.upper},"
+    assert overlay in Path(f"/proc/{host.pid}/mountinfo").read_text()
+
+    bed.stop()
+
+    assert host.processes() == []
+    assert not any(overlay in mounts for mounts in mount_tables_on_the_machine())
+
+
+def wait_for(condition, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def mount_tables_on_the_machine():
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                yield (proc / "mountinfo").read_text()
+            except OSError:  # gone meanwhile, or a zombie
+                continue
+
+
+def test_failed_start_cleans_up_after_itself(tmp_path, monkeypatch):
+    if ssh_hosts.os.geteuid() != 0:
+        pytest.skip("SSH test hosts need root (mount/UTS namespaces and overlay mounts)")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(ssh_hosts, "find_free_port", lambda: taken.getsockname()[1])
+
+        with pytest.raises(RuntimeError, match="did not start") as failure:
+            TestBed(tmp_path, names=["doomed"])
+
+    assert "Cannot bind any address" in str(failure.value)  # sshd's own words, from the log
+    assert not (tmp_path / "doomed").exists()
