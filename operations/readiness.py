@@ -62,7 +62,7 @@ class ServingProbe(FactBase):
 def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command):
     status, output = host.run_shell_command(probe_command(url, model, budget_seconds))
     result = json.loads(output.stdout) if status and output.stdout.strip() else {"error": output.stderr}
-    if not result.get("completion"):
+    if result.get("completion") is None:  # "" is a real answer, as ServingProbe counts it
         _, log = host.run_shell_command(log_command)
         raise OperationError(
             f"vLLM at {url} is not ready after {budget_seconds} s ({result.get('error')}).\n"

@@ -27,6 +27,8 @@ FIRST_COMMIT_EPOCH = 1767225600  # 2026-01-01T00:00:00Z
 LOOPBACK = "127.0.0.1"
 CONFIG_NAME = "olah.toml"
 LOG_NAME = "olah.log"
+# a cheap API route: olah answers 401 "Repository not found" once it serves (its "/" page answers 500 offline)
+READINESS_PATH = "/api/models/heavylift-testbed/readiness-probe/revision/main"
 
 
 # ---------------------------------------------------------------- publishing
@@ -40,7 +42,9 @@ def repo_dir(mirror_dir: str | Path, repo_id: str) -> Path:
 
 def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     result = subprocess.run(
-        ["git", "-C", str(repo), "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false", *args],
+        # neutralise user/global settings that would change the bytes or the sha of a commit
+        ["git", "-C", str(repo), "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false",
+         "-c", "core.hooksPath=/dev/null", *args],
         check=True,
         capture_output=True,
         text=True,
@@ -98,7 +102,7 @@ def publish_repo(mirror_dir: str | Path, repo_id: str, src_folder: str | Path, m
     repo = repo_dir(mirror_dir, repo_id)
     ensure_git_repo(repo)
     replace_work_tree(repo, src)
-    git(repo, "add", "--all")
+    git(repo, "add", "--all", "--force")  # --force: a .gitignore (or a global excludes file) must not drop files
     if has_staged_changes(repo):
         commit_all(repo, message or f"Publish {repo_id}")
     return git(repo, "rev-parse", "HEAD")
@@ -201,7 +205,7 @@ class HubMirror:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"olah exited with {self.process.returncode}; see {self.log_path}")
-            if answers_http(self.url + "/"):
+            if answers_http(self.url + READINESS_PATH):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"olah did not answer on {self.url} within {self.startup_timeout}s; see {self.log_path}")

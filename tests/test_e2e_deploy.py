@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from conftest import VLLM_CPU, run_pyinfra
+from conftest import REPO_ROOT, VLLM_CPU, run_pyinfra
 
 pytestmark = pytest.mark.e2e
 
@@ -115,6 +115,28 @@ def test_dry_diff_shows_the_change_and_makes_none(site):
     assert "-    --max-model-len 256" in dry.output and "+    --max-model-len 128" in dry.output, dry.output[-4000:]
     assert bed["host1"].run(f"cat {launcher}").stdout == before
     assert read_pid(bed["host1"]) == pid
+
+
+def test_dry_diff_shows_config_patch_and_unit(site, tmp_path):
+    """A catalog patch shows as a JSON diff of the overlay's config.json, a systemd site as its unit."""
+    bed = site["bed"]
+    catalog = tmp_path / "catalog"
+    shutil.copytree(REPO_ROOT / "models", catalog, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    entry = (catalog / "tiny-llama.yaml").read_text()
+    assert "config_patch" not in entry
+    (catalog / "tiny-llama.yaml").write_text(
+        entry + "config_patch:\n  reason: test\n  config_json:\n    set:\n      max_position_embeddings: 1024\n"
+    )
+    overlay_config = f"{ROOT}/deployments/tiny-llama/overlay/config.json"
+    before = bed["host1"].run(f"cat {overlay_config}").stdout
+    dry = run_pyinfra(
+        site["inventory"], "--dry", "--diff", "--data", "service_manager=systemd", env={"HEAVYLIFT_CATALOG": str(catalog)}
+    )
+    assert dry.returncode == 0, dry.output[-4000:]
+    assert '+  "max_position_embeddings": 1024' in dry.output, dry.output[-6000:]
+    assert "ExecStart=/opt/heavylift/deployments/tiny-llama/serve" in dry.output, dry.output[-6000:]
+    assert bed["host1"].run(f"cat {overlay_config}").stdout == before
+    assert bed["host1"].run("test -e /etc/systemd/system/heavylift-tiny-llama.service").returncode != 0
 
 
 def test_applied_change_restarts_only_the_host_it_touches(site):

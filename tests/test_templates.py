@@ -10,7 +10,7 @@ import pytest
 from pyinfra.api.util import get_template
 
 from operations.checkpoint import apply_patch, render_json
-from operations.plan import quoted
+from operations.plan import argument_lines, quoted
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -20,13 +20,16 @@ def render(name: str, **data) -> str:
 
 
 def test_launcher_passes_every_argument_through_unchanged(tmp_path):
-    tricky = ["/bin/echo", "two words", "$HOME", "it's", "--flag=a;b"]
+    tricky = ["/bin/echo", "two words", "$HOME", "it's", "--flag=a;b", "--max-model-len", "256", "--enforce-eager"]
     launcher = tmp_path / "serve"
-    launcher.write_text(
-        render("serve.sh.j2", deployment="demo", repo="org/m", commit="0" * 40, env_file="/x", command=quoted(tricky))
+    text = render(
+        "serve.sh.j2", deployment="demo", repo="org/m", commit="0" * 40, env_file="/x", command_lines=argument_lines(tricky)
     )
+    launcher.write_text(text)
     out = subprocess.run(["sh", str(launcher)], capture_output=True, text=True, check=True).stdout
-    assert out == "two words $HOME it's --flag=a;b\n"
+    assert out == "two words $HOME it's --flag=a;b --max-model-len 256 --enforce-eager\n"
+    # one option and its value per line, so a diff shows exactly the option that changed
+    assert "    --max-model-len 256 \\\n" in text
 
 
 def test_environment_file_values_survive_sourcing(tmp_path):

@@ -1,0 +1,200 @@
+"""Every heavylift fact against fixtures: arguments -> exact command; host output -> fact value.
+
+Cases: tests/facts/<module>.<Fact>/<case>.json (format: tests/pyinfra_fixtures.py).
+"""
+
+import sys
+
+import pytest
+
+if "pyinfra_fixtures" not in sys.modules:  # its asserts explain themselves
+    pytest.register_assert_rewrite("pyinfra_fixtures")
+
+from pyinfra_fixtures import case_params, run_fact_case
+
+
+@pytest.mark.parametrize(("target", "case", "data"), case_params("facts"))
+def test_fact(target, case, data):
+    run_fact_case(target, data)
+
+
+def test_every_fact_has_cases():
+    from importlib import import_module
+    from pathlib import Path
+
+    from pyinfra.api import FactBase
+
+    folders = {p.name for p in (Path(__file__).parent / "facts").iterdir() if p.is_dir()}
+    for module_name in ("runtime", "weights", "checkpoint", "service", "readiness"):
+        module = import_module(f"operations.{module_name}")
+        for name, value in vars(module).items():
+            if isinstance(value, type) and issubclass(value, FactBase) and value.__module__ == module.__name__:
+                assert f"{module_name}.{name}" in folders, f"no cases for fact {module_name}.{name}"
+
+
+# --- live: each fact's command run by pyinfra's @local connector on this machine ---------------
+# The cases above pin the command text and the parsing; these check that the command, as
+# quoted, does on a real shell what the parsing expects (paths with spaces and quotes).
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from pyinfra_fixtures import local_pyinfra_host
+
+from operations.checkpoint import FolderLinks
+from operations.readiness import ServingProbe
+from operations.runtime import CompleteVenv, InstalledVersion
+from operations.service import DaemonRunning, InitSystem, SystemdUnitState
+from operations.weights import WeightsManifest
+
+
+@pytest.fixture(scope="module")
+def local_host():
+    return local_pyinfra_host()
+
+
+@pytest.fixture
+def python3_on_path(tmp_path_factory, monkeypatch):
+    """`python3` for the host-side scripts: this interpreter, not a slow version-manager shim."""
+    bin_dir = tmp_path_factory.mktemp("bin")
+    (bin_dir / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.fixture
+def odd_dir(tmp_path):
+    folder = tmp_path / "heavy lift" / "it's $HOME"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_installed_version_live(local_host, odd_dir):
+    uv = odd_dir / "uv"
+    uv.write_text("#!/bin/sh\necho 'uv 0.13.9 (f2a3b4c5d 2025-11-20)'\necho second line\n")
+    uv.chmod(0o755)
+    assert local_host.get_fact(InstalledVersion, path=str(uv)) == "uv 0.13.9 (f2a3b4c5d 2025-11-20)"
+    uv.chmod(0o644)
+    assert local_host.get_fact(InstalledVersion, path=str(uv)) is None
+    assert local_host.get_fact(InstalledVersion, path=str(odd_dir / "absent")) is None
+
+
+def test_complete_venv_live(local_host, odd_dir):
+    assert local_host.get_fact(CompleteVenv, path=str(odd_dir)) is None
+    record = {"python": "python3", "packages": ["a==1"], "index_url": None, "find_links": [], "exclude_packages": []}
+    (odd_dir / ".heavylift-venv.json").write_text(json.dumps(record, sort_keys=True))
+    assert local_host.get_fact(CompleteVenv, path=str(odd_dir)) == record
+
+
+def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
+    folder = odd_dir / "content"
+    (folder / "sub dir").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "sub dir" / "model.safetensors").write_bytes(b"x" * 100)
+    manifest = tmp_path / "mani fests" / "it's.json"
+    manifest.parent.mkdir()
+    args = {"manifest": str(manifest), "folder": str(folder)}
+
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent"}
+    manifest.write_text("{not json")
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent"}
+
+    entries = {}
+    for name in ("config.json", "sub dir/model.safetensors"):
+        st = (folder / name).stat()
+        entries[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": "0" * 64}
+    manifest.write_text(json.dumps({"repo": "org/m", "commit": "0" * 40, "files": entries}))
+    assert local_host.get_fact(WeightsManifest, **args) == {
+        "state": "complete", "changed": [], "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102,
+    }
+
+    os.utime(folder / "config.json", ns=(1, 1))  # same size, another mtime: an edit
+    (folder / "sub dir" / "model.safetensors").unlink()
+    assert local_host.get_fact(WeightsManifest, **args) == {
+        "state": "changed", "changed": ["config.json", "sub dir/model.safetensors"],
+        "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102,
+    }
+
+
+def test_folder_links_live(local_host, odd_dir):
+    overlay = odd_dir / "over lay"
+    assert local_host.get_fact(FolderLinks, path=str(overlay)) == {}
+    (overlay / "sub dir").mkdir(parents=True)
+    (overlay / "config.json").write_text("{}")  # a rendered file, not a link
+    (overlay / "weights 1.safetensors").symlink_to("/hub cache/it's/weights 1.safetensors")
+    (overlay / "sub dir" / "vocab.txt").symlink_to("../relative")
+    assert local_host.get_fact(FolderLinks, path=str(overlay)) == {
+        "weights 1.safetensors": "/hub cache/it's/weights 1.safetensors",
+        "sub dir/vocab.txt": "../relative",
+    }
+
+
+def test_init_system_live(local_host):
+    expected = "systemd" if os.path.isdir("/run/systemd/system") else "none"
+    assert local_host.get_fact(InitSystem) == expected
+
+
+def test_systemd_unit_state_live_unknown_unit(local_host):
+    # no systemctl, no systemd, or no such unit: one blank or "inactive" line, never an error
+    assert local_host.get_fact(SystemdUnitState, unit="heavylift-no-such-unit-4f1c.service") == {
+        "active": False, "enabled": False,
+    }
+
+
+@pytest.mark.skipif(not shutil.which("start-stop-daemon"), reason="start-stop-daemon (dpkg) missing")
+def test_daemon_running_live(local_host, odd_dir):
+    pidfile = odd_dir / "vllm.pid"
+    assert local_host.get_fact(DaemonRunning, pidfile=str(pidfile)) is False
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        pidfile.write_text(f"{process.pid}\n")
+        assert local_host.get_fact(DaemonRunning, pidfile=str(pidfile)) is True
+    finally:
+        process.kill()
+        process.wait()
+    assert local_host.get_fact(DaemonRunning, pidfile=str(pidfile)) is False
+
+
+class FakeVllm(BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeVllm.requests.append((self.path, body))
+        reply = json.dumps({"choices": [{"text": " Paris."}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_serving_probe_live(local_host, python3_on_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        probe = local_host.get_fact(ServingProbe, url=url, model="org/it's model")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (probe["healthy"], probe["completion"], probe["error"]) == (True, " Paris.", None)
+    assert FakeVllm.requests == [("/v1/completions", {
+        "model": "org/it's model", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+    })]
+    # the port is closed now: one look, no waiting (budget 0)
+    probe = local_host.get_fact(ServingProbe, url=url, model="m")
+    assert probe["healthy"] is False and probe["completion"] is None
+    assert probe["error"].startswith("/health: ")

@@ -1,0 +1,389 @@
+"""Every heavylift operation against fixtures: arguments + host facts -> exact commands or noop.
+
+Cases: tests/operations/<module>.<operation>/<case>.json (format: tests/pyinfra_fixtures.py).
+"""
+
+import sys
+
+import pytest
+
+if "pyinfra_fixtures" not in sys.modules:  # its asserts explain themselves
+    pytest.register_assert_rewrite("pyinfra_fixtures")
+
+from pyinfra_fixtures import case_params, run_operation_case
+
+
+@pytest.mark.parametrize(("target", "case", "data"), case_params("operations"))
+def test_operation(target, case, data, tmp_path, monkeypatch):
+    run_operation_case(target, data, tmp_path, monkeypatch)
+
+
+# --- every operation has cases ----------------------------------------------------------------
+
+def test_every_operation_has_cases():
+    import inspect
+    from importlib import import_module
+    from pathlib import Path
+
+    folders = {p.name for p in (Path(__file__).parent / "operations").iterdir() if p.is_dir()}
+    for module_name in ("runtime", "weights", "checkpoint", "service", "readiness"):
+        module = import_module(f"operations.{module_name}")
+        for name, value in vars(module).items():
+            if callable(value) and hasattr(value, "_inner") and inspect.getmodule(value._inner) is module:
+                assert f"{module_name}.{name}" in folders, f"no cases for operation {module_name}.{name}"
+
+
+# --- checkpoint.apply_patch -------------------------------------------------------------------
+
+from operations.checkpoint import PatchError, apply_patch  # noqa: E402
+
+PRISTINE = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "quantization_config": {"quant_method": "fp8", "ignore": ["lm_head"], "fmt": {"weights": "e4m3"}},
+    "rope_scaling": None,
+    "num_layers": 61,
+}
+
+
+@pytest.mark.parametrize(
+    ("remove", "set_values", "expected"),
+    [
+        pytest.param([], {}, PRISTINE, id="empty_patch_is_identity"),
+        pytest.param(
+            ["quantization_config.ignore", "num_layers"], {},
+            {"architectures": ["DeepseekV3ForCausalLM"], "rope_scaling": None,
+             "quantization_config": {"quant_method": "fp8", "fmt": {"weights": "e4m3"}}},
+            id="remove_nested_and_top_level_keeps_siblings",
+        ),
+        pytest.param(
+            ["absent", "quantization_config.absent", "no.such.parent", "num_layers.child", "rope_scaling.factor",
+             "architectures.0"],
+            {}, PRISTINE, id="removing_absent_keys_or_through_non_dicts_is_not_an_error",
+        ),
+        pytest.param(
+            [], {"quantization_config.fmt.weights": "e5m2", "max_model_len": 8192},
+            {**PRISTINE, "max_model_len": 8192,
+             "quantization_config": {**PRISTINE["quantization_config"], "fmt": {"weights": "e5m2"}}},
+            id="set_existing_nested_and_new_top_level",
+        ),
+        pytest.param(
+            [], {"a.b.c": 1, "quantization_config.new.deep": [1, 2]},
+            {**PRISTINE, "a": {"b": {"c": 1}},
+             "quantization_config": {**PRISTINE["quantization_config"], "new": {"deep": [1, 2]}}},
+            id="set_creates_missing_parents",
+        ),
+        pytest.param(
+            ["quantization_config"], {"quantization_config.quant_method": "bf16"},
+            {**{k: v for k, v in PRISTINE.items() if k != "quantization_config"},
+             "quantization_config": {"quant_method": "bf16"}},
+            id="removes_apply_before_sets",
+        ),
+        pytest.param(
+            [], {"quantization_config": {"quant_method": "none"}},
+            {**PRISTINE, "quantization_config": {"quant_method": "none"}},
+            id="set_dict_value_replaces_whole",
+        ),
+    ],
+)
+def test_apply_patch(remove, set_values, expected):
+    import copy
+
+    before = copy.deepcopy(PRISTINE)
+    patched = apply_patch(PRISTINE, remove, set_values)
+    assert patched == expected
+    assert PRISTINE == before, "apply_patch must not modify its input"
+
+
+@pytest.mark.parametrize(
+    "dotted", ["num_layers.child", "architectures.x", "rope_scaling.factor", "quantization_config.ignore.x.y"]
+)
+def test_apply_patch_set_through_non_dict_parent_fails(dotted):
+    with pytest.raises(PatchError, match=rf"^cannot set {dotted.replace('.', '[.]')}: a parent key is not a mapping$"):
+        apply_patch(PRISTINE, [], {dotted: 1})
+
+
+def test_apply_patch_result_shares_nothing_with_input():
+    patched = apply_patch(PRISTINE, [], {})
+    patched["quantization_config"]["ignore"].append("x")
+    assert PRISTINE["quantization_config"]["ignore"] == ["lm_head"]
+
+
+# --- readiness: the wait that serving's FunctionCommand runs ----------------------------------
+
+import json  # noqa: E402
+
+from pyinfra.api import OperationError  # noqa: E402
+from pyinfra.connectors.util import CommandOutput, OutputLine  # noqa: E402
+
+from operations import readiness  # noqa: E402
+
+
+class ShellHost:
+    """run_shell_command answers from a list of (status, stdout, stderr); records the commands."""
+
+    print_prefix = "[gpu1] "
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.commands = []
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(command.get_raw_value() if hasattr(command, "get_raw_value") else command)
+        status, stdout, stderr = self.answers.pop(0)
+        lines = [OutputLine("stdout", line) for line in stdout.splitlines()]
+        lines += [OutputLine("stderr", line) for line in stderr.splitlines()]
+        return status, CommandOutput(lines)
+
+
+URL, LOG = "http://127.0.0.1:8000", "tail -n 40 '/var/log/heavy lift/kimi.log'"
+
+
+def test_wait_until_ready_logs_endpoint_and_completion(caplog):
+    answer = {"healthy": True, "completion": " Paris.", "error": None, "health_seconds": 42.5, "completion_seconds": 0.3}
+    host = ShellHost([(True, json.dumps(answer), "")])
+    with caplog.at_level("INFO", logger="pyinfra"):
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", LOG)
+    assert host.commands == [readiness.probe_command(URL, "kimi-k2", 1800).get_raw_value()]
+    assert host.commands[0].endswith(" http://127.0.0.1:8000 kimi-k2 1800")
+    assert caplog.messages == [
+        "[gpu1] vLLM healthy after 42.5 s; serving kimi-k2 at http://gpu1:8000/v1; completion in 0.3 s: ' Paris.'"
+    ]
+
+
+def test_wait_until_ready_fails_with_the_log():
+    answer = {"healthy": False, "completion": None, "error": "/health: timed out", "health_seconds": 1800.1}
+    host = ShellHost([(True, json.dumps(answer), ""), (True, "INFO loading\nERROR CUDA out of memory", "")])
+    with pytest.raises(OperationError) as raised:
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG))
+    assert str(raised.value) == (
+        "vLLM at http://127.0.0.1:8000 is not ready after 1800 s (/health: timed out).\n"
+        "Last lines of its log:\nINFO loading\nERROR CUDA out of memory"
+    )
+    assert host.commands[1] == LOG
+
+
+def test_wait_until_ready_probe_failed_reports_stderr():
+    host = ShellHost([(False, "", "python3: not found"), (True, "", "")])
+    with pytest.raises(OperationError, match=r"not ready after 60 s \(python3: not found\)"):
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 60, "e", LOG)
+
+
+def test_wait_until_ready_accepts_an_empty_completion():
+    """A 200 completion whose text is empty (the model's first token is EOS) is a real answer:
+    the ServingProbe fact counts it as serving (`completion is not None`), so the wait must too."""
+    answer = {"healthy": True, "completion": "", "error": None, "health_seconds": 3.0, "completion_seconds": 0.1}
+    host = ShellHost([(True, json.dumps(answer), "")])
+    readiness._wait_until_ready(None, host, URL, "tiny", 60, "e", LOG)
+    assert len(host.commands) == 1
+
+
+# --- runtime.local_uv_binary: the uv binary for the host's CPU, no network --------------------
+
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import zipfile  # noqa: E402
+
+from operations import runtime  # noqa: E402
+from pyinfra.api import StringCommand  # noqa: E402
+
+
+def fake_pypi(monkeypatch, wheel_name: str, wheel: bytes, sha256: str):
+    seen = []
+
+    class Answer(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def urlopen(request, timeout=None):
+        url = request if isinstance(request, str) else request.full_url
+        seen.append(url)
+        if url == "https://pypi.example/simple/uv/":
+            assert request.headers["Accept"] == "application/vnd.pypi.simple.v1+json"
+            files = [
+                {"filename": "uv-0.13.9-py3-none-manylinux_2_17_aarch64.whl", "url": "https://files.example/arm",
+                 "hashes": {"sha256": "0" * 64}},
+                {"filename": wheel_name, "url": "https://files.example/x86", "hashes": {"sha256": sha256}},
+            ]
+            return Answer(json.dumps({"files": files}).encode())
+        assert url == "https://files.example/x86"
+        return Answer(wheel)
+
+    monkeypatch.setattr(runtime, "PYPI_SIMPLE", "https://pypi.example/simple/")
+    monkeypatch.setattr(runtime.urllib.request, "urlopen", urlopen)
+    return seen
+
+
+def make_wheel() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        wheel.writestr("uv-0.13.9.dist-info/METADATA", "Name: uv\n")
+        wheel.writestr("uv-0.13.9.data/scripts/uvx", "uvx binary")
+        wheel.writestr("uv-0.13.9.data/scripts/uv", "uv binary")
+    return buffer.getvalue()
+
+
+def test_local_uv_binary_cached_needs_no_network(tmp_path, monkeypatch):
+    cached = tmp_path / "uv" / "0.13.9" / "manylinux_2_17_aarch64" / "uv"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("cached")
+    monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
+    monkeypatch.setattr(runtime.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
+    assert runtime.local_uv_binary("0.13.9", "aarch64") == cached
+
+
+def test_local_uv_binary_downloads_checks_and_extracts(tmp_path, monkeypatch):
+    wheel = make_wheel()
+    monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
+    seen = fake_pypi(monkeypatch, "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", wheel,
+                     hashlib.sha256(wheel).hexdigest())
+    binary = runtime.local_uv_binary("0.13.9", "x86_64")
+    assert binary == tmp_path / "uv" / "0.13.9" / "manylinux_2_17_x86_64" / "uv"
+    assert binary.read_text() == "uv binary"
+    assert binary.stat().st_mode & 0o777 == 0o755
+    assert sorted(p.name for p in binary.parent.iterdir()) == ["uv"], "no .partial left behind"
+    assert seen == ["https://pypi.example/simple/uv/", "https://files.example/x86"]
+
+
+def test_local_uv_binary_rejects_a_wrong_hash(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
+    fake_pypi(monkeypatch, "uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl", make_wheel(), "f" * 64)
+    with pytest.raises(OperationError, match="^uv wheel uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl does not match"):
+        runtime.local_uv_binary("0.13.9", "x86_64")
+    assert not (tmp_path / "uv" / "0.13.9" / "manylinux_2_17_x86_64").exists()
+
+
+def test_local_uv_binary_no_wheel_for_version(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
+    fake_pypi(monkeypatch, "uv-0.13.8-py3-none-manylinux_2_17_x86_64.whl", b"", "0" * 64)
+    with pytest.raises(OperationError, match="^PyPI has no uv 0.13.9 wheel for manylinux_2_17_x86_64$"):
+        runtime.local_uv_binary("0.13.9", "x86_64")
+
+
+# --- round trips on this machine: the commands, run by a shell, reach the state the facts report
+# The cases above pin the exact commands; these run them (paths with spaces, quotes and $) and
+# check that the next run is a noop, which exact strings alone cannot show.
+
+import os  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from pyinfra_fixtures import local_pyinfra_host, run_operation  # noqa: E402
+
+from operations import checkpoint, service  # noqa: E402
+from operations.checkpoint import FolderLinks  # noqa: E402
+from operations.runtime import CompleteVenv  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_host():
+    return local_pyinfra_host()
+
+
+@pytest.fixture
+def odd_dir(tmp_path):
+    folder = tmp_path / "heavy lift" / "it's $HOME"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def sh(command: str) -> str:
+    return subprocess.run(["sh", "-c", command], check=True, capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout
+
+
+FAKE_UV = """#!/bin/sh
+# records its arguments one per line; `uv venv ... PATH` makes PATH/bin/python
+for arg in "$@"; do printf '%s\\n' "$arg"; done >> "$(dirname "$0")/uv.log"
+echo --- >> "$(dirname "$0")/uv.log"
+echo "$UV_CACHE_DIR" >> "$(dirname "$0")/uv-cache.log"
+if [ "$1" = venv ]; then
+    for last; do :; done
+    mkdir -p "$last/bin" && ln -s {python} "$last/bin/python"
+fi
+"""
+
+
+def test_venv_commands_build_then_converge(local_host, odd_dir):
+    uv = odd_dir / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text(FAKE_UV.replace("{python}", shlex.quote(sys.executable)))
+    uv.chmod(0o755)
+    path = odd_dir / "venvs" / "vllm it's"
+    (path / "bin").mkdir(parents=True)
+    (path / "half-installed").write_text("left by a killed install")
+    spec = {"python": "python3", "packages": ["vllm[audio]==0.16.0", "pydantic>=2,<3"],
+            "index_url": "https://u:p%40ss@wheels.example/simple?x=1&y=2", "find_links": ["/opt/my wheels"],
+            "exclude_packages": ["torchvision", "torchaudio"]}
+    kwargs = {"path": str(path), "spec": spec, "uv_path": str(uv), "uv_cache": str(odd_dir / "uv cache"),
+              "check": "import json; print('checked')"}
+
+    facts = {"runtime.CompleteVenv": {f"path={path}": local_host.get_fact(CompleteVenv, path=str(path))}}
+    commands, _ = run_operation(runtime.venv, kwargs, facts)
+    assert facts["runtime.CompleteVenv"][f"path={path}"] is None
+    outputs = [sh(command) for command in commands]
+
+    assert not (path / "half-installed").exists()
+    assert outputs[-3] == "checked\n"
+    assert (path / ".heavylift-excludes.txt").read_text() == "torchvision\ntorchaudio\n"
+    calls = (odd_dir / "bin" / "uv.log").read_text().split("---\n")
+    assert calls[1].splitlines() == [
+        "pip", "install", "--python", f"{path}/bin/python", "--extra-index-url", spec["index_url"],
+        "--find-links", "/opt/my wheels", "--excludes", f"{path}/.heavylift-excludes.txt",
+        "vllm[audio]==0.16.0", "pydantic>=2,<3",
+    ]
+    assert (odd_dir / "bin" / "uv-cache.log").read_text() == f"{odd_dir}/uv cache\n" * 2
+    assert sorted(p.name for p in path.iterdir()) == [".heavylift-excludes.txt", ".heavylift-venv.json", "bin"]
+
+    facts = {"runtime.CompleteVenv": {f"path={path}": local_host.get_fact(CompleteVenv, path=str(path))}}
+    commands, host = run_operation(runtime.venv, kwargs, facts)
+    assert (commands, host.noops) == ([], [f"venv {path} is built and checked"])
+
+
+def test_links_commands_converge(local_host, odd_dir):
+    content = odd_dir / "hub cache" / "commit"
+    (content / "sub dir").mkdir(parents=True)
+    names = ["weights 1.safetensors", "tok'en.json", "sub dir/vocab $1.txt"]
+    for name in names:
+        (content / name).write_text(name)
+    overlay = odd_dir / "over lay"
+    overlay.mkdir()
+    (overlay / "tok'en.json").symlink_to("/older/commit/tok'en.json")
+    (overlay / "stale $HOME.json").symlink_to("/older/commit/stale.json")
+    (overlay / "config.json").write_text("{}")  # rendered, not a link: left alone
+
+    def links_run():
+        facts = {"checkpoint.FolderLinks": {f"path={overlay}": local_host.get_fact(FolderLinks, path=str(overlay))}}
+        return run_operation(checkpoint.links, {"path": str(overlay), "target_dir": str(content), "names": names}, facts)
+
+    commands, _ = links_run()
+    assert len(commands) == 7
+    for command in commands:
+        sh(command)
+    assert {n: (overlay / n).read_text() for n in names} == {n: n for n in names}
+    assert sorted(p.name for p in overlay.iterdir()) == ["config.json", "sub dir", "tok'en.json", "weights 1.safetensors"]
+
+    commands, host = links_run()
+    assert (commands, host.noops) == ([], [f"3 links in {overlay} point at {content}"])
+
+
+def test_daemon_start_command_sources_env_and_execs_launcher(odd_dir):
+    launcher, env_file = odd_dir / "serve", odd_dir / "serve.env"
+    launcher.write_text('#!/bin/sh\nprintf "%s|%s|%s\\n" "$GREETING" "$PLAIN" "$0"\n')
+    launcher.chmod(0o755)
+    env_file.write_text("GREETING='hello world'\nPLAIN=$((1+1))\n")
+    pidfile, logfile = odd_dir / "run dir" / "vllm.pid", odd_dir / "vllm $1.log"
+    kwargs = {"launcher": str(launcher), "env_file": str(env_file), "pidfile": str(pidfile), "logfile": str(logfile),
+              "dependencies": []}
+    commands, _ = run_operation(service.daemon, kwargs, {"service.DaemonRunning": {f"pidfile={pidfile}": False}})
+
+    sh(commands[0])
+    assert pidfile.parent.is_dir()
+    argv = shlex.split(commands[1])
+    assert argv[:12] == ["start-stop-daemon", "--start", "--background", "--make-pidfile", "--pidfile", str(pidfile),
+                         "--output", str(logfile), "--startas", "/bin/sh", "--", "-c"]
+    # what start-stop-daemon would run: /bin/sh -c SCRIPT; the variables reach the exec'd launcher
+    out = subprocess.run(["/bin/sh", "-c", argv[12]], check=True, capture_output=True, text=True, env={}).stdout
+    assert out == f"hello world|2|{launcher}\n"
