@@ -249,6 +249,26 @@ CLI_CASES = [
         group_data={"gpus": "service_manager = 'upstart'\n"},
     ),
     Case(
+        "hf_endpoint not a URL",
+        set_("hf_endpoint", "mirror.internal:8080"),
+        ("{inventory}, host '@local': field 'hf_endpoint': 'mirror.internal:8080' is not an http(s) URL", "Fix: "),
+    ),
+    Case(
+        "vllm.version not PEP 440",
+        set_("vllm", {"package": "vllm", "version": "latest"}),
+        ("{inventory}, host '@local': field 'vllm.version': 'latest' is not a PEP 440 version", "Fix: "),
+    ),
+    Case(
+        "relative root",
+        set_("root", "opt/heavylift"),
+        ("{inventory}, host '@local': field 'root':", "is not an absolute folder", "Fix: "),
+    ),
+    Case(
+        "deployment name with a space",
+        set_("deployment", "kimi prod"),
+        ("{inventory}, host '@local': field 'deployment':", "is not a valid deployment name", "Fix: "),
+    ),
+    Case(
         "stops before the first change",
         set_("port", 70000),
         ("field 'port'",),

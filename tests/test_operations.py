@@ -330,7 +330,7 @@ def test_venv_commands_build_then_converge(local_host, odd_dir):
     assert (path / ".heavylift-excludes.txt").read_text() == "torchvision\ntorchaudio\n"
     calls = (odd_dir / "bin" / "uv.log").read_text().split("---\n")
     assert calls[1].splitlines() == [
-        "pip", "install", "--python", f"{path}/bin/python", "--extra-index-url", spec["index_url"],
+        "pip", "install", "--compile-bytecode", "--python", f"{path}/bin/python", "--extra-index-url", spec["index_url"],
         "--find-links", "/opt/my wheels", "--excludes", f"{path}/.heavylift-excludes.txt",
         "vllm[audio]==0.16.0", "pydantic>=2,<3",
     ]
