@@ -7,6 +7,7 @@ depends on changed in this run, otherwise leave the process alone.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 
 from pyinfra import host, state
@@ -117,7 +118,7 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
             host.noop(f"{launcher} is stopped")
         return
     if not is_running:
-        yield StringCommand("mkdir", "-p", QuoteString(pidfile.rsplit("/", 1)[0]))
+        yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile)))
         yield _start(launcher, env_file, pidfile, logfile)
     elif changed_in_this_run(dependencies):
         yield _stop(pidfile, grace_seconds)

@@ -5,16 +5,21 @@ restarts only the host it touches.
 """
 
 import json
+import re
 import shutil
 import urllib.request
 
 import pytest
 
 from conftest import REPO_ROOT, VLLM_CPU, run_pyinfra
+from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
 
-PORTS = {"host1": 18101, "host2": 18102}
+# the test hosts share this machine's network: each host's vLLM gets a port of its own
+PORTS = {"host1": find_free_port(), "host2": find_free_port()}
+while PORTS["host2"] == PORTS["host1"]:
+    PORTS["host2"] = find_free_port()
 ROOT = "/opt/heavylift"
 PIDFILE = f"{ROOT}/deployments/tiny-llama/run/serve.pid"
 
@@ -112,7 +117,10 @@ def test_dry_diff_shows_the_change_and_makes_none(site):
     site["write"]({"host1": {"max_model_len": 128}})
     dry = run_pyinfra(site["inventory"], "--dry", "--diff")
     assert dry.returncode == 0, dry.output[-4000:]
-    assert "-    --max-model-len 256" in dry.output and "+    --max-model-len 128" in dry.output, dry.output[-4000:]
+    assert re.search(r"^\s*-\s+--max-model-len 256 \\$", dry.output, re.M), dry.output[-4000:]
+    assert re.search(r"^\s*\+\s+--max-model-len 128 \\$", dry.output, re.M), dry.output[-4000:]
+    # the plan names the restart that applying it would cause, on host1 only
+    assert re.search(r"service \(start-stop-daemon\)\s+1 \(host1\)", dry.output), dry.output[-4000:]
     assert bed["host1"].run(f"cat {launcher}").stdout == before
     assert read_pid(bed["host1"]) == pid
 
@@ -133,7 +141,8 @@ def test_dry_diff_shows_config_patch_and_unit(site, tmp_path):
         site["inventory"], "--dry", "--diff", "--data", "service_manager=systemd", env={"HEAVYLIFT_CATALOG": str(catalog)}
     )
     assert dry.returncode == 0, dry.output[-4000:]
-    assert '+  "max_position_embeddings": 1024' in dry.output, dry.output[-6000:]
+    assert re.search(r'^\s*-\s+"max_position_embeddings": 2048,$', dry.output, re.M), dry.output[-6000:]
+    assert re.search(r'^\s*\+\s+"max_position_embeddings": 1024,$', dry.output, re.M), dry.output[-6000:]
     assert "ExecStart=/opt/heavylift/deployments/tiny-llama/serve" in dry.output, dry.output[-6000:]
     assert bed["host1"].run(f"cat {overlay_config}").stdout == before
     assert bed["host1"].run("test -e /etc/systemd/system/heavylift-tiny-llama.service").returncode != 0

@@ -3,14 +3,26 @@
 Cases: tests/facts/<module>.<Fact>/<case>.json (format: tests/pyinfra_fixtures.py).
 """
 
+import json
+import os
+import shutil
+import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from operations.checkpoint import FolderLinks
+from operations.readiness import ServingProbe
+from operations.runtime import CompleteVenv, InstalledVersion
+from operations.service import DaemonRunning, InitSystem, SystemdUnitState
+from operations.weights import WeightsManifest
 
 if "pyinfra_fixtures" not in sys.modules:  # its asserts explain themselves
     pytest.register_assert_rewrite("pyinfra_fixtures")
 
-from pyinfra_fixtures import case_params, run_fact_case
+from pyinfra_fixtures import case_params, local_pyinfra_host, run_fact_case  # noqa: E402
 
 
 @pytest.mark.parametrize(("target", "case", "data"), case_params("facts"))
@@ -35,22 +47,6 @@ def test_every_fact_has_cases():
 # --- live: each fact's command run by pyinfra's @local connector on this machine ---------------
 # The cases above pin the command text and the parsing; these check that the command, as
 # quoted, does on a real shell what the parsing expects (paths with spaces and quotes).
-
-import json
-import os
-import shutil
-import subprocess
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-from pyinfra_fixtures import local_pyinfra_host
-
-from operations.checkpoint import FolderLinks
-from operations.readiness import ServingProbe
-from operations.runtime import CompleteVenv, InstalledVersion
-from operations.service import DaemonRunning, InitSystem, SystemdUnitState
-from operations.weights import WeightsManifest
 
 
 @pytest.fixture(scope="module")

