@@ -143,12 +143,14 @@ if manager == "systemd":
         dependencies=[*stale_when_changed, unit_file], unit_file_op=unit_file,
     )
     log_command = StringCommand("journalctl", "-u", QuoteString(layout.unit_name), "-n", "40", "--no-pager")
+    pidfile = None  # systemd restarts a crashed unit itself (Restart=on-failure)
 else:
     service.daemon(
         name="service (start-stop-daemon)", launcher=layout.launcher, env_file=layout.env_file,
         pidfile=layout.pidfile, logfile=layout.logfile, dependencies=stale_when_changed,
     )
     log_command = StringCommand("tail", "-n", "40", QuoteString(layout.logfile))
+    pidfile = layout.pidfile
 
 # 7. readiness: /health, then one real completion; prints the endpoint
 readiness.serving(
@@ -158,4 +160,5 @@ readiness.serving(
     endpoint=plan.endpoint,
     budget_seconds=plan.readiness_timeout,
     log_command=log_command,
+    pidfile=pidfile,
 )

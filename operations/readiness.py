@@ -13,8 +13,20 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 
 PROBE = r"""
-import json, sys, time, urllib.request, urllib.error
+import json, os, sys, time, urllib.request, urllib.error
 url, model, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
+pidfile = sys.argv[4] if len(sys.argv) > 4 else ""
+
+def exited():
+    # a vLLM that died while loading will never answer: stop waiting at once
+    try:
+        os.kill(int(open(pidfile).read().split()[0]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, IndexError):
+        return True
+    return False
+
 started = time.monotonic()
 result = {"healthy": False, "completion": None, "error": None}
 while True:
@@ -24,6 +36,9 @@ while True:
     except (OSError, urllib.error.URLError) as error:
         result["error"] = f"/health: {error}"
     if result["healthy"]:
+        break
+    if pidfile and exited():
+        result["error"] = f"vLLM exited while loading (pidfile {pidfile})"
         break
     if time.monotonic() - started >= budget:
         break
@@ -45,8 +60,11 @@ print(json.dumps(result))
 """
 
 
-def probe_command(url: str, model: str, budget_seconds: float) -> StringCommand:
-    return StringCommand("python3", "-c", QuoteString(PROBE), QuoteString(url), QuoteString(model), str(budget_seconds))
+def probe_command(url: str, model: str, budget_seconds: float, pidfile: str | None = None) -> StringCommand:
+    args = ["python3", "-c", QuoteString(PROBE), QuoteString(url), QuoteString(model), str(budget_seconds)]
+    if pidfile:
+        args.append(QuoteString(pidfile))
+    return StringCommand(*args)
 
 
 class ServingProbe(FactBase):
@@ -59,13 +77,14 @@ class ServingProbe(FactBase):
         return json.loads("\n".join(output))
 
 
-def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command):
-    status, output = host.run_shell_command(probe_command(url, model, budget_seconds))
+def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command, pidfile=None):
+    status, output = host.run_shell_command(probe_command(url, model, budget_seconds, pidfile))
     result = json.loads(output.stdout) if status and output.stdout.strip() else {"error": output.stderr}
     if result.get("completion") is None:  # "" is a real answer, as ServingProbe counts it
         _, log = host.run_shell_command(log_command)
         raise OperationError(
-            f"vLLM at {url} is not ready after {budget_seconds} s ({result.get('error')}).\n"
+            f"vLLM at {url} is not ready ({result.get('error')}; waited {result.get('health_seconds', '?')} "
+            f"of {budget_seconds} s).\n"
             f"Last lines of its log:\n{log.stdout}"
         )
     logger.info(
@@ -75,7 +94,8 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
 
 
 @operation()
-def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_command: StringCommand):
+def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_command: StringCommand,
+            pidfile: str | None = None):
     """
     Wait until vLLM answers /health and a real completion, and say where it serves.
 
@@ -84,6 +104,7 @@ def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_comman
     + endpoint: the OpenAI-compatible endpoint clients use, printed for the operator
     + budget_seconds: how long loading may take
     + log_command: prints the last lines of the service's log, shown when the wait fails
+    + pidfile: the supervised process's pidfile; the wait ends early when that process exits
     """
     probe = host.get_fact(ServingProbe, url=url, model=model)
     if probe["healthy"] and probe["completion"] is not None:
@@ -92,4 +113,4 @@ def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_comman
             logger.info(f"{host.print_prefix}{message}")
         host.noop(message)
         return
-    yield FunctionCommand(_wait_until_ready, (url, model, budget_seconds, endpoint, log_command), {})
+    yield FunctionCommand(_wait_until_ready, (url, model, budget_seconds, endpoint, log_command, pidfile), {})

@@ -161,7 +161,7 @@ def test_wait_until_ready_fails_with_the_log():
     with pytest.raises(OperationError) as raised:
         readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG))
     assert str(raised.value) == (
-        "vLLM at http://127.0.0.1:8000 is not ready after 1800 s (/health: timed out).\n"
+        "vLLM at http://127.0.0.1:8000 is not ready (/health: timed out; waited 1800.1 of 1800 s).\n"
         "Last lines of its log:\nINFO loading\nERROR CUDA out of memory"
     )
     assert host.commands[1] == LOG
@@ -169,7 +169,7 @@ def test_wait_until_ready_fails_with_the_log():
 
 def test_wait_until_ready_probe_failed_reports_stderr():
     host = ShellHost([(False, "", "python3: not found"), (True, "", "")])
-    with pytest.raises(OperationError, match=r"not ready after 60 s \(python3: not found\)"):
+    with pytest.raises(OperationError, match=r"not ready \(python3: not found; waited \? of 60 s\)"):
         readiness._wait_until_ready(None, host, URL, "kimi-k2", 60, "e", LOG)
 
 
@@ -374,3 +374,19 @@ def test_daemon_start_command_sources_env_and_execs_launcher(odd_dir):
     # what start-stop-daemon would run: /bin/sh -c SCRIPT; the variables reach the exec'd launcher
     out = subprocess.run(["/bin/sh", "-c", argv[12]], check=True, capture_output=True, text=True, env={}).stdout
     assert out == f"hello world|2|{launcher}\n"
+
+
+def test_probe_stops_waiting_when_the_process_exited(tmp_path):
+    """A vLLM that died while loading never answers: the wait ends at once, not after the budget."""
+    import subprocess
+    import time
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    pidfile = tmp_path / "serve.pid"
+    pidfile.write_text(f"{dead.pid}\n")
+    command = readiness.probe_command("http://127.0.0.1:9", "m", 600, str(pidfile)).get_raw_value()
+    started = time.monotonic()
+    result = json.loads(subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout)
+    assert time.monotonic() - started < 30
+    assert result["healthy"] is False and "exited while loading" in result["error"]
