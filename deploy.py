@@ -67,21 +67,27 @@ vllm_venv = runtime.venv(
 active_venv = files.link(name="active vLLM venv", path=layout.active_venv, target=plan.vllm_venv.path)
 
 # 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
-files.put(
-    name="heavylift host scripts",
-    src=str(HERE / "operations" / "scripts" / "fetch_weights.py"),
-    dest=f"{layout.scripts}/fetch_weights.py",
-)
+for script in ("fetch_weights.py", "verify_weights.py"):
+    files.put(
+        name=f"heavylift host script {script}",
+        src=str(HERE / "operations" / "scripts" / script),
+        dest=f"{layout.scripts}/{script}",
+    )
 content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)
+manifest = layout.manifest(plan.snapshot.repo, plan.snapshot.commit)
+# the disk check, at prepare time: a download that cannot fit stops the run before any host changes
+weights.preflight(plan.snapshot, content_dir, manifest, deployment.settings.verify, deployment.settings.disk_margin_gb)
 weights.downloaded(
     name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]}",
     snapshot=plan.snapshot,
     local_dir=content_dir,
-    manifest=layout.manifest(plan.snapshot.repo, plan.snapshot.commit),
+    manifest=manifest,
     python=f"{plan.hub_venv.path}/bin/python",
     script_dir=layout.scripts,
     endpoint=plan.hf_endpoint,
     workers=plan.download_workers,
+    verify=deployment.settings.verify,
+    disk_margin_gb=deployment.settings.disk_margin_gb,
 )
 
 # 5. checkpoint overlay: links to the pristine files plus the patched, rendered configs

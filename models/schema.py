@@ -76,7 +76,7 @@ class Strict(BaseModel):
     def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic's lax mode turns True into 1: `tensor_parallel_size: true` must not mean 1
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and field.annotation in (int, int | None):
+        if isinstance(value, bool) and field is not None and field.annotation in (int, int | None, float, float | None):
             raise ValueError(f"{value!r} is a boolean, not a number")
         return value
 
@@ -276,6 +276,14 @@ class SiteSettings(Strict):
     service_manager: Literal["auto", "systemd", "fallback"] = "auto"
     readiness_timeout: int = Field(default=3600, ge=10, description="seconds to wait for /health and a completion")
     download_workers: int = Field(default=8, ge=1, le=64)
+    disk_margin_gb: float = Field(
+        default=20, ge=0,
+        description="GB to keep free on the weights' disk beyond the download; a download that does not fit fails before it starts",
+    )
+    verify: Literal["fast", "full"] = Field(
+        default="fast",
+        description="fast: trust the manifest's size and mtime; full: re-hash every weights file on the host and fetch again only those that fail",
+    )
     refresh_lock: bool = Field(default=False, description="re-resolve moving references (Hub branches) into the lock file")
 
     @field_validator("deployment")

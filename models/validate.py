@@ -86,6 +86,8 @@ SITE_HINTS: dict[str, str] = {
     "need 3600 or more)",
     "download_workers": "set download_workers to a number of parallel downloads between 1 and 64",
     "refresh_lock": "set refresh_lock to True or False",
+    "disk_margin_gb": "set disk_margin_gb to the GB to keep free beyond the download (a number, 0 or more; default 20)",
+    "verify": 'set verify to "fast" (trust the manifest\'s sizes and mtimes) or "full" (re-hash every file on the host)',
 }
 
 

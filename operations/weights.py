@@ -6,6 +6,14 @@ Rules encoded here (huggingface_hub 2.4.0):
   (huggingface_hub/_snapshot_download.py, _local_folder.py).
 - Fresh downloads are only size-checked by the client, so heavylift hashes every file
   before it writes the manifest (FACTS: "Fresh downloads are only size-checked").
+- A file being downloaded into ``local_dir`` is written to
+  ``<local_dir>/.cache/huggingface/download/<dir>/<hash>.<etag>.incomplete`` and renamed into
+  place when complete (huggingface_hub/_local_folder.py ``incomplete_path``); the progress
+  lines of fetch_weights.py count those bytes too.
+
+Before a byte moves, the bytes still needed (the listing's sizes minus files already present
+with their listed size) are checked against the free space of the content folder's file system
+(``FreeSpace``) plus a margin: a download that cannot fit fails before it starts.
 """
 
 from __future__ import annotations
@@ -13,12 +21,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import posixpath
+import re
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from io import StringIO
 
-from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra import host, logger, state
+from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
@@ -66,10 +76,18 @@ def list_snapshot(repo: str, commit: str, endpoint: str | None, patterns: tuple[
 CHECK_MANIFEST = r"""
 import json, os, sys
 manifest, folder = sys.argv[1], sys.argv[2]
+present = {}
+for base, dirs, names in os.walk(folder):
+    if base == folder and ".cache" in dirs:
+        dirs.remove(".cache")
+    for name in names:
+        path = os.path.join(base, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            present[os.path.relpath(path, folder)] = os.stat(path).st_size
 try:
     entries = json.load(open(manifest))["files"]
 except (OSError, ValueError, KeyError):
-    print(json.dumps({"state": "absent"})); sys.exit(0)
+    print(json.dumps({"state": "absent", "present": present})); sys.exit(0)
 changed = []
 for name, want in entries.items():
     try:
@@ -79,12 +97,16 @@ for name, want in entries.items():
     if st.st_size != want["size"] or st.st_mtime_ns != want["mtime_ns"]:
         changed.append(name)
 print(json.dumps({"state": "changed" if changed else "complete", "changed": changed,
-                  "files": sorted(entries), "bytes": sum(e["size"] for e in entries.values())}))
+                  "files": sorted(entries), "bytes": sum(e["size"] for e in entries.values()),
+                  "present": present}))
 """
 
 
 class WeightsManifest(FactBase):
-    """A content folder checked against its manifest by size and mtime: reads no shard bytes."""
+    """A content folder checked against its manifest by size and mtime: reads no shard bytes.
+
+    ``present`` maps every file in the folder (outside ``.cache``) to its size on disk.
+    """
 
     def command(self, manifest, folder):
         return StringCommand("python3", "-c", QuoteString(CHECK_MANIFEST), QuoteString(manifest), QuoteString(folder))
@@ -93,9 +115,110 @@ class WeightsManifest(FactBase):
         return json.loads("\n".join(output))
 
 
+# the nearest existing folder of the path (the content folder does not exist before the first
+# download), then df's POSIX line for it: "<fs> <1024-blocks> <used> <available> <capacity>% <mount>"
+FREE_SPACE = 'p={path}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; printf "%s\\n" "$p"; df -Pk "$p" | tail -n 1'
+DF_LINE = re.compile(r"\s(\d+)\s+(\d+)\s+(\d+)\s+(\d+|-)%\s+/")
+
+
+class FreeSpace(FactBase):
+    """Free space of the file system that will hold ``path``, read with ``df -Pk`` on its
+    nearest existing parent: ``{"path": that parent, "free_bytes", "total_bytes"}``."""
+
+    def command(self, path):
+        return FREE_SPACE.replace("{path}", shlex.quote(path))
+
+    def process(self, output):
+        lines = [line for line in output if line.strip()]
+        match = DF_LINE.search(" " + lines[-1]) if len(lines) >= 2 else None
+        if match is None:
+            return None
+        return {"path": lines[0], "free_bytes": int(match.group(3)) * 1024, "total_bytes": int(match.group(1)) * 1024}
+
+
+def human_bytes(count: float) -> str:
+    """540.1 GB, 612.3 kB, 0 B: decimal units, as the Hub and df -H show them."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{int(count)} B"
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    """What the weights operation will do on one host, decided from its facts before any byte moves."""
+
+    label: str  # repo@commit[:12]
+    to_fetch: tuple[str, ...]
+    fetch_bytes: int
+    to_verify: tuple[str, ...]  # present files hashed again (not vouched for by the manifest, or verify: full)
+    up_to_date: bool  # the manifest vouches for exactly these files: nothing to fetch or hash (in fast mode)
+    free: dict | None  # FreeSpace of the content folder
+    margin_bytes: int
+
+    @property
+    def headroom_after(self) -> int | None:
+        return None if self.free is None else self.free["free_bytes"] - self.fetch_bytes
+
+    def summary(self) -> str:
+        fetch = f"{len(self.to_fetch)} files, {human_bytes(self.fetch_bytes)} to fetch"
+        verify = f"{len(self.to_verify)} files to re-verify"
+        if self.free is None:
+            room = "free space unknown (df failed)"
+        else:
+            room = f"{human_bytes(self.headroom_after)} free after on {self.free['path']}"
+        return f"{fetch}, {verify}, {room}"
+
+    def check_fits(self) -> None:
+        """OperationError when the files still to fetch do not fit with the margin."""
+        if not self.fetch_bytes or self.free is None:
+            return
+        if self.fetch_bytes + self.margin_bytes > self.free["free_bytes"]:
+            raise OperationError(
+                f"{self.label}: {human_bytes(self.fetch_bytes)} still to download but {self.free['path']} has "
+                f"{human_bytes(self.free['free_bytes'])} free (margin {self.margin_bytes / 1e9:g} GB). "
+                "Fix: free space or set root to a bigger disk (or lower disk_margin_gb)."
+            )
+
+
+def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
+                 disk_margin_gb: float = 20) -> tuple[WeightsPlan, dict]:
+    """The host's weights plan (reads WeightsManifest and FreeSpace) and the manifest fact."""
+    found = host.get_fact(WeightsManifest, manifest=manifest, folder=local_dir) or {"state": "absent"}
+    wanted = sorted(f.path for f in snapshot.files)
+    present = found.get("present", {})
+    up_to_date = found["state"] == "complete" and found["files"] == wanted
+    vouched = set(found.get("files", [])) - set(found.get("changed", [])) if found["state"] != "absent" else set()
+    to_fetch = tuple(f.path for f in snapshot.files if present.get(f.path) != f.size)
+    if verify == "full":
+        to_verify = tuple(f.path for f in snapshot.files if f.path not in to_fetch)
+    else:
+        to_verify = tuple(f.path for f in snapshot.files if f.path not in to_fetch and f.path not in vouched)
+    plan = WeightsPlan(
+        label=f"{snapshot.repo}@{snapshot.commit[:12]}",
+        to_fetch=to_fetch,
+        fetch_bytes=sum(f.size for f in snapshot.files if f.path in to_fetch),
+        to_verify=to_verify,
+        up_to_date=up_to_date,
+        free=host.get_fact(FreeSpace, path=local_dir),
+        margin_bytes=int(disk_margin_gb * 1e9),
+    )
+    return plan, found
+
+
+def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
+              disk_margin_gb: float = 20) -> WeightsPlan:
+    """The disk check of ``downloaded`` for deploy code: call it before the operations run so a
+    download that cannot fit stops the run at prepare time, also under ``pyinfra -y`` (which does
+    not run operation generators until execution)."""
+    plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb)
+    plan.check_fits()
+    return plan
+
+
 @operation()
 def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, script_dir: str,
-               endpoint: str | None = None, workers: int = 8):
+               endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20):
     """
     A pinned Hub snapshot present and verified in ``local_dir``.
 
@@ -103,15 +226,25 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
     + local_dir: the content folder; heavylift never edits it after the download
     + manifest: where the verified sizes and sha256 sums are recorded
     + python: an interpreter on the host with huggingface_hub
-    + script_dir: where heavylift's host scripts live
+    + script_dir: where heavylift's host scripts live (fetch_weights.py, verify_weights.py)
     + endpoint: a Hub mirror (HF_ENDPOINT); the public Hub when None
     + workers: parallel downloads
+    + verify: "fast" trusts the manifest's size and mtime; "full" re-hashes every file on the
+      host (all cores) and fetches again only the files that fail
+    + disk_margin_gb: free space to keep on the target beyond the download; fails before any
+      byte moves when the files still to fetch do not fit
     """
-    state = host.get_fact(WeightsManifest, manifest=manifest, folder=local_dir)
-    wanted = sorted(f.path for f in snapshot.files)
-    if state["state"] == "complete" and state["files"] == wanted:
-        host.noop(f"{len(wanted)} files, {state['bytes'] / 1e9:.3f} GB of {snapshot.repo}@{snapshot.commit[:12]} verified")
+    if verify not in ("fast", "full"):
+        raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
+    plan, found = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb)
+    if plan.up_to_date and verify == "fast":
+        host.noop(
+            f"{len(found['files'])} files, {found['bytes'] / 1e9:.3f} GB of {plan.label} verified; {plan.summary()}"
+        )
         return
+    plan.check_fits()
+    if not state.is_executing:
+        logger.info(f"{host.print_prefix}weights {plan.label}: {plan.summary()}")
     spec = {
         "repo": snapshot.repo,
         "commit": snapshot.commit,
@@ -119,12 +252,13 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
         "manifest": manifest,
         "workers": workers,
         "endpoint": endpoint,
+        "verify": verify,
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in snapshot.files],
     }
     spec_path = manifest.removesuffix(".json") + ".request.json"
     yield from files.put._inner(src=StringIO(json.dumps(spec, indent=1)), dest=spec_path)
-    # a stale manifest must not vouch for a folder that is being rewritten
-    yield StringCommand("rm", "-f", QuoteString(manifest))
+    # the script removes a stale manifest before it changes the folder, and writes the new one
+    # only after every file verifies
     yield StringCommand(
         "env", "HF_HUB_DISABLE_PROGRESS_BARS=1", QuoteString(python),
         QuoteString(posixpath.join(script_dir, "fetch_weights.py")), QuoteString(spec_path),

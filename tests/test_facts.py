@@ -17,7 +17,7 @@ from operations.checkpoint import FolderLinks
 from operations.readiness import ServingProbe
 from operations.runtime import CompleteVenv, InstalledVersion
 from operations.service import DaemonRunning, InitSystem, SystemdUnitState
-from operations.weights import WeightsManifest
+from operations.weights import FreeSpace, WeightsManifest
 
 if "pyinfra_fixtures" not in sys.modules:  # its asserts explain themselves
     pytest.register_assert_rewrite("pyinfra_fixtures")
@@ -91,13 +91,20 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     (folder / "sub dir").mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     (folder / "sub dir" / "model.safetensors").write_bytes(b"x" * 100)
+    # huggingface_hub's metadata and partial files are not content
+    (folder / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (folder / ".cache" / "huggingface" / "download" / "ab.etag.incomplete").write_bytes(b"y" * 7)
     manifest = tmp_path / "mani fests" / "it's.json"
     manifest.parent.mkdir()
     args = {"manifest": str(manifest), "folder": str(folder)}
+    present = {"config.json": 2, "sub dir/model.safetensors": 100}
 
-    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent"}
+    assert local_host.get_fact(WeightsManifest, manifest=str(manifest), folder=str(tmp_path / "nothing")) == {
+        "state": "absent", "present": {},
+    }
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present}
     manifest.write_text("{not json")
-    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent"}
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present}
 
     entries = {}
     for name in ("config.json", "sub dir/model.safetensors"):
@@ -106,14 +113,27 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     manifest.write_text(json.dumps({"repo": "org/m", "commit": "0" * 40, "files": entries}))
     assert local_host.get_fact(WeightsManifest, **args) == {
         "state": "complete", "changed": [], "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102,
+        "present": present,
     }
 
     os.utime(folder / "config.json", ns=(1, 1))  # same size, another mtime: an edit
     (folder / "sub dir" / "model.safetensors").unlink()
     assert local_host.get_fact(WeightsManifest, **args) == {
         "state": "changed", "changed": ["config.json", "sub dir/model.safetensors"],
-        "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102,
+        "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102, "present": {"config.json": 2},
     }
+
+
+def test_free_space_live(local_host, odd_dir):
+    """df of the nearest existing parent: the same numbers os.statvfs gives (f_bavail, as df's Available)."""
+    target = odd_dir / "models" / "org--m" / ("0" * 40)
+    fact = local_host.get_fact(FreeSpace, path=str(target))
+    assert fact["path"] == str(odd_dir)
+    vfs = os.statvfs(odd_dir)
+    assert abs(fact["free_bytes"] - vfs.f_bavail * vfs.f_frsize) < 64 * 1024 * 1024  # others write meanwhile
+    assert fact["total_bytes"] >= fact["free_bytes"] > 0
+    target.mkdir(parents=True)
+    assert local_host.get_fact(FreeSpace, path=str(target))["path"] == str(target)
 
 
 def test_folder_links_live(local_host, odd_dir):

@@ -1,0 +1,193 @@
+"""End to end, the weights stage alone (no vLLM): the real pyinfra CLI over real SSH pulls the tiny
+model from a real Hub mirror into a test host with a deploy file of its own (validate, plan, the
+Hub client venv, the host scripts, weights.downloaded), then:
+
+(a) a clean pull writes the manifest;
+(b) a re-run changes nothing and reads no shard bytes (the shards' atime, mtime and the manifest stay);
+(c) a byte flipped in one shard (size and mtime kept) goes unseen by a fast run; with
+    ``--data verify=full`` it is found and only that shard is fetched again;
+(d) a root on a 200 KiB tmpfs: the run fails before any download, naming both numbers and the path.
+"""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, PyinfraRun
+
+pytestmark = pytest.mark.e2e
+
+ROOT = "/opt/heavylift"
+SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+
+DEPLOY = f'''
+import sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.operations import files
+
+from models.validate import load_deployment
+from operations import runtime, weights
+from operations.gpu import NvidiaGpus
+from operations.plan import make_plan
+
+HERE = Path({str(REPO_ROOT)!r})
+deployment = load_deployment(host)
+plan = make_plan(deployment, host.name, host.get_fact(NvidiaGpus))
+layout = plan.layout
+runtime.uv(name=f"uv {{plan.uv_version}}", path=layout.uv, version=plan.uv_version)
+runtime.venv(
+    name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,
+    uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.hub_venv.check,
+)
+for script in ("fetch_weights.py", "verify_weights.py"):
+    files.put(name=f"heavylift host script {{script}}", src=str(HERE / "operations" / "scripts" / script),
+              dest=f"{{layout.scripts}}/{{script}}")
+content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)
+manifest = layout.manifest(plan.snapshot.repo, plan.snapshot.commit)
+settings = deployment.settings
+weights.preflight(plan.snapshot, content_dir, manifest, settings.verify, settings.disk_margin_gb)
+weights.downloaded(
+    name="weights", snapshot=plan.snapshot, local_dir=content_dir, manifest=manifest,
+    python=f"{{plan.hub_venv.path}}/bin/python", script_dir=layout.scripts, endpoint=plan.hf_endpoint,
+    workers=plan.download_workers, verify=settings.verify, disk_margin_gb=settings.disk_margin_gb,
+)
+'''
+
+
+def run(site, *args):
+    confirm = [] if "--dry" in args else ["-y"]  # -y skips the change detection a dry run prints from
+    result = subprocess.run(
+        [PYINFRA, *confirm, str(site["inventory"]), str(site["deploy"]), *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HEAVYLIFT_PROGRESS_SECONDS": "0.2"},
+    )
+    return PyinfraRun(result.returncode, result.stdout + result.stderr)
+
+
+@pytest.fixture(scope="module")
+def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
+    bed = testbed_factory(["weights1"])
+    folder = tmp_path_factory.mktemp("weights-site")
+    inventory, deploy = folder / "site.py", folder / "weights_deploy.py"
+    deploy.write_text(DEPLOY)
+
+    def write(**overrides):
+        data = {"model": "tiny-llama", "root": ROOT, "hf_endpoint": hub_mirror.url, "uv_cache_dir": warm_uv_cache,
+                "vllm": VLLM_CPU, "disk_margin_gb": 0, **overrides}
+        bed.write_inventory(inventory, host_data={"weights1": data})
+
+    write()
+    commit = hub_mirror.commits["heavylift/tiny-llama"]
+    content = f"{ROOT}/models/heavylift--tiny-llama/{commit}"
+    return {"bed": bed, "host": bed["weights1"], "inventory": inventory, "deploy": deploy, "write": write,
+            "content": content, "manifest": f"{content}.manifest.json", "commit": commit}
+
+
+def stat(host, path):
+    """(inode, atime ns, mtime ns, size) as the host sees them."""
+    out = host.run(["python3", "-c", "import os,sys; s=os.stat(sys.argv[1]); print(s.st_ino, s.st_atime_ns, s.st_mtime_ns, s.st_size)", path])
+    assert out.returncode == 0, out.stderr
+    return tuple(int(v) for v in out.stdout.split())
+
+
+def test_a_clean_pull_writes_the_manifest(site):
+    first = run(site, "-vvv")
+    assert first.returncode == 0, first.output[-5000:]
+    assert "weights" in first.changed_operations()
+    host = site["host"]
+    manifest = json.loads(host.run(f"cat {site['manifest']}").stdout)
+    assert manifest["commit"] == site["commit"]
+    assert {SHARD1, SHARD2, "config.json", "model.safetensors.index.json"} <= set(manifest["files"])
+    for name, entry in manifest["files"].items():
+        sha = host.run(["sha256sum", f"{site['content']}/{name}"]).stdout.split()[0]
+        assert sha == entry["sha256"], name
+    assert re.search(r"downloading \d+ files, [\d.]+ kB", first.output), first.output[-5000:]
+    assert re.search(r"verified \d+ files, [\d.]+ GB in [\d.]+ s \([\d.]+ GB/s\)", first.output), first.output[-5000:]
+
+
+def test_b_rerun_changes_nothing_and_reads_no_shard(site):
+    host = site["host"]
+    # atime moves on any read when it is older than mtime (relatime): set it back to make a read visible
+    for shard in (SHARD1, SHARD2):
+        host.run(["touch", "-a", "-d", "2001-01-01", f"{site['content']}/{shard}"], check=True)
+    before = {name: stat(host, f"{site['content']}/{name}") for name in (SHARD1, SHARD2)}
+    manifest_before = stat(host, site["manifest"])
+    second = run(site)
+    assert second.returncode == 0, second.output[-5000:]
+    assert second.changed_operations() == [], second.output[-5000:]
+    assert {name: stat(host, f"{site['content']}/{name}") for name in (SHARD1, SHARD2)} == before
+    assert stat(host, site["manifest"]) == manifest_before
+
+
+FLIP = """
+import os, sys
+path = sys.argv[1]
+info = os.stat(path)
+with open(path, "r+b") as handle:
+    handle.seek(4096)
+    byte = handle.read(1)
+    handle.seek(4096)
+    handle.write(bytes([byte[0] ^ 0xFF]))
+os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+"""
+
+
+def test_c_flipped_byte_found_by_verify_full_and_only_that_shard_refetched(site):
+    host = site["host"]
+    shard2 = f"{site['content']}/{SHARD2}"
+    host.run(["python3", "-c", FLIP, shard2], check=True)
+    manifest = json.loads(host.run(f"cat {site['manifest']}").stdout)
+    assert host.run(["sha256sum", shard2]).stdout.split()[0] != manifest["files"][SHARD2]["sha256"]
+
+    fast = run(site)  # size and mtime are unchanged: the fast check cannot see it
+    assert fast.returncode == 0 and fast.changed_operations() == [], fast.output[-5000:]
+
+    dry = run(site, "--dry", "--data", "verify=full")
+    assert dry.returncode == 0, dry.output[-5000:]
+    assert re.search(
+        r"\[weights1\] weights heavylift/tiny-llama@[0-9a-f]{12}: 0 files, 0 B to fetch, \d+ files to re-verify, "
+        r"[\d.]+ [kMGT]?B free after on /opt/heavylift", dry.output), dry.output[-5000:]
+
+    other = stat(host, f"{site['content']}/{SHARD1}")
+    full = run(site, "--data", "verify=full", "-vvv")
+    assert full.returncode == 0, full.output[-5000:]
+    assert f"FAILED {SHARD2}: sha256" in full.output, full.output[-5000:]
+    assert f"FAILED {SHARD1}" not in full.output
+    assert re.search(r"downloading 1 files, [\d.]+ kB", full.output), full.output[-5000:]
+    assert host.run(["sha256sum", shard2]).stdout.split()[0] == manifest["files"][SHARD2]["sha256"]
+    after = stat(host, f"{site['content']}/{SHARD1}")
+    assert (after[0], after[2]) == (other[0], other[2])  # same inode and mtime: not fetched again
+    rewritten = json.loads(host.run(f"cat {site['manifest']}").stdout)
+    assert {n: e["sha256"] for n, e in rewritten["files"].items()} == {n: e["sha256"] for n, e in manifest["files"].items()}
+    assert rewritten["files"][SHARD2]["mtime_ns"] == stat(host, shard2)[2]
+
+    again = run(site)
+    assert again.returncode == 0 and again.changed_operations() == [], again.output[-5000:]
+
+
+def test_d_disk_full_fails_before_any_download(site):
+    host = site["host"]
+    mounted = host.run("mkdir -p /opt/small && mount -t tmpfs -o size=200k tmpfs /opt/small")
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        site["write"](root="/opt/small/heavylift")
+        full = run(site)
+        assert full.returncode != 0, full.output[-5000:]
+        assert re.search(
+            r"heavylift/tiny-llama@[0-9a-f]{12}: [\d.]+ kB still to download but /opt/small has 204\.8 kB free "
+            r"\(margin 0 GB\)\. Fix: free space or set root to a bigger disk",
+            full.output,
+        ), full.output[-5000:]
+        needed = float(re.search(r"([\d.]+) kB still to download", full.output).group(1))
+        assert needed > 204.8
+        # nothing was written on the small disk: not the content folder, not even uv
+        assert host.run("ls -A /opt/small").stdout == ""
+    finally:
+        site["write"]()
+        host.run("umount /opt/small")

@@ -1,0 +1,304 @@
+"""The host scripts of the weights stage (operations/scripts/), run here: progress lines, byte
+counting (with huggingface_hub's own .incomplete paths), parallel verification, and
+fetch_weights.py's decisions with huggingface_hub's download replaced by a recorder; plus the
+weights operation's plan line and the new settings.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "operations" / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import fetch_weights  # noqa: E402
+import verify_weights  # noqa: E402
+
+if "pyinfra_fixtures" not in sys.modules:
+    pytest.register_assert_rewrite("pyinfra_fixtures")
+from pyinfra_fixtures import run_operation  # noqa: E402
+
+
+# --- progress ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("done", "total", "elapsed", "line"), [
+    (12_300_000_000, 540_100_000_000, 10.0, "progress: 12.3 GB of 540.1 GB (2.3%), 1.2 GB/s, ETA 7 min 09 s"),
+    (0, 540_100_000_000, 10.0, "progress: 0 B of 540.1 GB (0.0%), 0 B/s, ETA unknown"),
+    (300_000, 600_000, 2.0, "progress: 300.0 kB of 600.0 kB (50.0%), 150.0 kB/s, ETA 2 s"),
+    (540_100_000_000, 540_100_000_000, 300.0, "progress: 540.1 GB of 540.1 GB (100.0%), 1.8 GB/s, ETA 0 s"),
+    # more on disk than was asked for (a file re-written in place): capped
+    (700, 600, 1.0, "progress: 600 B of 600 B (100.0%), 600 B/s, ETA 0 s"),
+    (1_000_000_000, 540_100_000_000, 10.0, "progress: 1.0 GB of 540.1 GB (0.2%), 100.0 MB/s, ETA 1 h 29 min"),
+])
+def test_progress_line(done, total, elapsed, line):
+    assert fetch_weights.progress_line(done, total, elapsed) == line
+
+
+def test_local_bytes_counts_files_and_hub_incomplete_files(tmp_path):
+    from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "config.json").write_bytes(b"a" * 10)
+    (tmp_path / "sub" / "model-00001-of-00002.safetensors").write_bytes(b"b" * 1000)
+    # where huggingface_hub 2.4.0 itself puts a partial download and its metadata for local_dir
+    paths = get_local_download_paths(tmp_path, "sub/model-00002-of-00002.safetensors")
+    incomplete = paths.incomplete_path("0123etag")
+    assert incomplete.parent == tmp_path / ".cache" / "huggingface" / "download" / "sub"
+    incomplete.write_bytes(b"c" * 333)
+    write_download_metadata(tmp_path, "config.json", "0" * 40, "etag")
+    (tmp_path / "link").symlink_to(tmp_path / "config.json")
+    assert fetch_weights.local_bytes(str(tmp_path)) == 10 + 1000 + 333
+
+
+def test_progress_thread_prints_whole_lines_while_bytes_arrive(tmp_path):
+    (tmp_path / "already.bin").write_bytes(b"x" * 500)  # present before: not part of the progress
+    lines = []
+    with fetch_weights.Progress(str(tmp_path), 2000, 0.05, out=lines.append) as progress:
+        for step in range(4):
+            (tmp_path / f"part{step}.bin").write_bytes(b"y" * 500)
+            time.sleep(0.12)
+        assert progress.done() == 2000
+    assert len(lines) >= 3
+    assert all(line.startswith("progress: ") and "\n" not in line for line in lines)
+    assert lines[-1].startswith("progress: 2.0 kB of 2.0 kB (100.0%)")
+    assert not any(t.name == "progress" for t in threading.enumerate())
+
+
+def test_progress_interval_from_environment(monkeypatch):
+    monkeypatch.delenv("HEAVYLIFT_PROGRESS_SECONDS", raising=False)
+    assert fetch_weights.progress_interval() == 10.0
+    monkeypatch.setenv("HEAVYLIFT_PROGRESS_SECONDS", "2.5")
+    assert fetch_weights.progress_interval() == 2.5
+    monkeypatch.setenv("HEAVYLIFT_PROGRESS_SECONDS", "soon")
+    assert fetch_weights.progress_interval() == 10.0
+
+
+# --- verification -----------------------------------------------------------------------------
+
+def make_folder(folder: Path, files: dict[str, bytes]) -> dict:
+    entries = {}
+    for name, data in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        entries[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "mtime_ns": path.stat().st_mtime_ns}
+    return entries
+
+
+def flip_byte(path: Path, offset: int = 100) -> None:
+    """One byte changed in place, size and mtime kept: only a re-hash can tell."""
+    info = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_check_finds_the_flipped_byte_in_parallel(tmp_path):
+    # bigger than one 8 MiB block, so the hash really reads block by block
+    entries = make_folder(tmp_path, {
+        "a.safetensors": os.urandom(9 * 1024 * 1024), "b.safetensors": os.urandom(1000), "c.json": b"{}",
+        "d.safetensors": b"short",
+    })
+    flip_byte(tmp_path / "a.safetensors", 8 * 1024 * 1024 + 5)
+    (tmp_path / "c.json").unlink()
+    (tmp_path / "d.safetensors").write_bytes(b"longer!")
+    good, bad = verify_weights.check(entries, str(tmp_path), workers=3)
+    assert set(good) == {"b.safetensors"}
+    assert set(bad) == {"a.safetensors", "c.json", "d.safetensors"}
+    assert bad["c.json"] == "missing"
+    assert bad["d.safetensors"] == "7 bytes, the manifest says 5"
+    assert bad["a.safetensors"].startswith("sha256 ")
+
+
+def test_hash_files_matches_hashlib(tmp_path):
+    entries = make_folder(tmp_path, {f"f{i}": os.urandom(1000 * i) for i in range(6)})
+    digests = verify_weights.hash_files([str(tmp_path / n) for n in entries], workers=4)
+    assert digests == {str(tmp_path / n): e["sha256"] for n, e in entries.items()}
+    assert verify_weights.hash_files([]) == {}
+
+
+def test_verify_cli_reports_and_deletes_bad_files(tmp_path, capsys):
+    folder = tmp_path / "content"
+    entries = make_folder(folder, {"a.safetensors": os.urandom(5000), "b.safetensors": os.urandom(5000)})
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"files": entries}))
+    assert verify_weights.main([str(manifest), str(folder)]) == 0
+    flip_byte(folder / "b.safetensors")
+    assert verify_weights.main([str(manifest), str(folder), "--delete-bad"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED b.safetensors: sha256" in out and "verified 1 of 2 files" in out
+    assert not (folder / "b.safetensors").exists() and (folder / "a.safetensors").exists()
+
+
+# --- fetch_weights.main with the Hub download replaced -------------------------------------------
+
+class FakeHub:
+    """Stands in for huggingface_hub.snapshot_download: writes the published bytes of the files asked for."""
+
+    def __init__(self, published: dict[str, bytes]):
+        self.published = published
+        self.calls: list[list[str]] = []
+
+    def __call__(self, repo_id, revision, local_dir, allow_patterns, max_workers, endpoint):
+        import fnmatch
+
+        names = [n for n in self.published if any(fnmatch.fnmatch(n, p) for p in allow_patterns)]
+        self.calls.append(sorted(names))
+        for name in names:
+            path = Path(local_dir) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self.published[name])
+
+
+@pytest.fixture
+def fetch_setup(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    published = {"config.json": b'{"a": 1}', "model-00001-of-00002.safetensors": os.urandom(20000),
+                 "model-00002-of-00002.safetensors": os.urandom(30000), "we[ir]d name.json": b"[]"}
+    hub = FakeHub(published)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    folder = tmp_path / "content"
+    manifest = tmp_path / "content.manifest.json"
+
+    def run(verify="fast", hub_sha=True):
+        spec = {
+            "repo": "org/m", "commit": "0" * 40, "local_dir": str(folder), "manifest": str(manifest), "workers": 2,
+            "endpoint": None, "verify": verify,
+            "files": [{"path": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest() if hub_sha and n.endswith(".safetensors") else None}
+                      for n, d in published.items()],
+        }
+        spec_path = tmp_path / "request.json"
+        spec_path.write_text(json.dumps(spec))
+        fetch_weights.main(str(spec_path))
+
+    return hub, folder, manifest, run
+
+
+def test_fetch_clean_then_rerun_fetches_nothing(fetch_setup, capsys):
+    hub, folder, manifest, run = fetch_setup
+    run()
+    assert hub.calls == [sorted(hub.published)]
+    written = json.loads(manifest.read_text())["files"]
+    assert {n: e["sha256"] for n, e in written.items()} == {n: hashlib.sha256(d).hexdigest() for n, d in hub.published.items()}
+    stamp = manifest.stat().st_mtime_ns
+    run()
+    assert len(hub.calls) == 1 and manifest.stat().st_mtime_ns == stamp
+    assert "nothing changed" in capsys.readouterr().out
+
+
+def test_fetch_verify_full_refetches_only_the_flipped_shard(fetch_setup, capsys):
+    hub, folder, manifest, run = fetch_setup
+    run(hub_sha=False)  # a mirror without LFS hashes: only the manifest knows the sha256
+    other = (folder / "model-00001-of-00002.safetensors").stat()
+    flip_byte(folder / "model-00002-of-00002.safetensors")
+    run(verify="fast", hub_sha=False)  # fast trusts size + mtime: not seen
+    assert len(hub.calls) == 1
+    run(verify="full", hub_sha=False)
+    assert hub.calls[1:] == [["model-00002-of-00002.safetensors"]]
+    assert (folder / "model-00002-of-00002.safetensors").read_bytes() == hub.published["model-00002-of-00002.safetensors"]
+    after = (folder / "model-00001-of-00002.safetensors").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (other.st_ino, other.st_mtime_ns)
+    out = capsys.readouterr().out
+    assert "FAILED model-00002-of-00002.safetensors: sha256" in out
+    entry = json.loads(manifest.read_text())["files"]["model-00002-of-00002.safetensors"]
+    assert entry["mtime_ns"] == (folder / "model-00002-of-00002.safetensors").stat().st_mtime_ns
+
+
+def test_fetch_partial_folder_fetches_missing_and_wrong_size(fetch_setup):
+    hub, folder, manifest, run = fetch_setup
+    folder.mkdir()
+    (folder / "config.json").write_bytes(hub.published["config.json"])  # a killed run left it, no manifest
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"short")
+    run()
+    assert hub.calls == [["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "we[ir]d name.json"]]
+    assert manifest.exists()
+
+
+def test_fetch_refuses_a_download_that_does_not_match_the_hub(fetch_setup):
+    hub, folder, manifest, run = fetch_setup
+    good = hub.published["model-00001-of-00002.safetensors"]
+    run()
+    manifest.unlink()
+    (folder / "model-00001-of-00002.safetensors").unlink()
+    hub.published["model-00001-of-00002.safetensors"] = b"z" * len(good)  # the mirror serves other bytes
+    spec = json.loads((folder.parent / "request.json").read_text())
+    (folder.parent / "request.json").write_text(json.dumps(spec))
+    with pytest.raises(SystemExit, match="does not match the Hub's"):
+        fetch_weights.main(str(folder.parent / "request.json"))
+    assert not manifest.exists()
+
+
+# --- the operation's plan line and the settings -----------------------------------------------
+
+def plan_case(present, free_gb):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    local_dir, manifest = f"/r/models/org--m/{commit}", f"/r/models/org--m/{commit}.manifest.json"
+    files = [{"path": "a.safetensors", "size": 3 * 10**9, "sha256": None}, {"path": "b.safetensors", "size": 10**9, "sha256": None}]
+    request = manifest.removesuffix(".json") + ".request.json"
+    facts = {
+        "weights.WeightsManifest": {f"folder={local_dir}, manifest={manifest}": {"state": "absent", "present": present}},
+        "weights.FreeSpace": {f"path={local_dir}": {"path": "/r", "free_bytes": int(free_gb * 1e9), "total_bytes": 10**12}},
+        "files.File": {f"path={request}": None},
+        "files.Directory": {f"path={request}": None, "path=/r/models/org--m": None},
+    }
+    kwargs = {"snapshot": {"repo": "org/m", "commit": commit, "files": files}, "local_dir": local_dir,
+              "manifest": manifest, "python": "/p", "script_dir": "/s"}
+    return kwargs, facts
+
+
+def test_plan_line_logged_at_prepare_not_while_executing(caplog):
+    from operations import weights
+
+    kwargs, facts = plan_case({"a.safetensors": 3 * 10**9}, 30)
+    caplog.set_level(logging.INFO, logger="pyinfra")
+    run_operation(weights.downloaded, kwargs, facts)
+    assert [r.getMessage() for r in caplog.records if "weights" in r.getMessage()] == [
+        "weights org/m@0123456789ab: 1 files, 1.0 GB to fetch, 1 files to re-verify, 29.0 GB free after on /r"
+    ]
+    caplog.clear()
+    run_operation(weights.downloaded, kwargs, facts, executing=True)
+    assert not [r for r in caplog.records if "weights" in r.getMessage()]
+
+
+def test_preflight_raises_before_any_operation():
+    from pyinfra.api import OperationError
+    from pyinfra.context import ctx_host, ctx_state
+
+    from operations import weights
+    from pyinfra_fixtures import FakeHost, FakeState, coerce
+
+    kwargs, facts = plan_case({}, 10)
+    snapshot = coerce(kwargs["snapshot"], weights.Snapshot)
+    with ctx_state.use(FakeState()), ctx_host.use(FakeHost(facts)):
+        with pytest.raises(OperationError, match=r"^org/m@0123456789ab: 4\.0 GB still to download but /r has 10\.0 GB free \(margin 20 GB\)"):
+            weights.preflight(snapshot, kwargs["local_dir"], kwargs["manifest"])
+        plan = weights.preflight(snapshot, kwargs["local_dir"], kwargs["manifest"], disk_margin_gb=0.5)
+    assert plan.fetch_bytes == 4 * 10**9 and plan.headroom_after == 6 * 10**9
+
+
+def test_settings_verify_and_disk_margin():
+    from pydantic import ValidationError
+
+    from models.schema import SiteSettings
+    from models.validate import SITE_HINTS
+
+    base = {"model": "tiny-llama", "vllm": {"version": "0.34.0"}}
+    settings = SiteSettings.model_validate(base)
+    assert (settings.verify, settings.disk_margin_gb) == ("fast", 20)
+    assert SiteSettings.model_validate({**base, "verify": "full", "disk_margin_gb": 0.5}).disk_margin_gb == 0.5
+    for bad in ({"verify": "sometimes"}, {"disk_margin_gb": -1}, {"disk_margin_gb": True}):
+        with pytest.raises(ValidationError):
+            SiteSettings.model_validate({**base, **bad})
+    assert "verify" in SITE_HINTS and "disk_margin_gb" in SITE_HINTS
+    assert SiteSettings.model_fields["verify"].description and SiteSettings.model_fields["disk_margin_gb"].description
