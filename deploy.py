@@ -119,6 +119,7 @@ launcher = files.template(
     env_file=layout.env_file,
     command_lines=argument_lines(plan.launcher_args),
 )
+files.directory(name="private folder (0700)", path=layout.private_dir, mode="700")
 env_file = files.template(
     name="vLLM environment",
     src=str(TEMPLATES / "serve.env.j2"),

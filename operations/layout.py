@@ -61,8 +61,14 @@ class Layout:
         return posixpath.join(self.deployment_dir, "serve")
 
     @property
+    def private_dir(self) -> str:
+        # mode 0700: a file written here is never readable by others, even in the moment
+        # between its upload and its chmod
+        return posixpath.join(self.deployment_dir, "private")
+
+    @property
     def env_file(self) -> str:
-        return posixpath.join(self.deployment_dir, "serve.env")
+        return posixpath.join(self.private_dir, "serve.env")
 
     @property
     def pidfile(self) -> str:
