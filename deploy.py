@@ -67,10 +67,10 @@ vllm_venv = runtime.venv(
 active_venv = files.link(name="active vLLM venv", path=layout.active_venv, target=plan.vllm_venv.path)
 
 # 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
-for script in ("fetch_weights.py", "verify_weights.py"):
+for script in weights.HOST_SCRIPTS:
     files.put(
         name=f"heavylift host script {script}",
-        src=str(HERE / "operations" / "scripts" / script),
+        src=f"{weights.SCRIPTS_DIR}/{script}",
         dest=f"{layout.scripts}/{script}",
     )
 content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)

@@ -31,7 +31,9 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+# the scripts heavylift uploads and runs on the host, from this folder of the repo
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
+HOST_SCRIPTS = ("fetch_weights.py", "verify_weights.py")
 
 
 @dataclass(frozen=True)

@@ -112,12 +112,14 @@ class PyinfraRun:
         return [name for name, (_, success, _, _) in self.operation_results().items() if success != "-"]
 
 
-def run_pyinfra(inventory: Path, *args: str, env: dict | None = None, timeout: int = 1500) -> PyinfraRun:
+def run_pyinfra(
+    inventory: Path, *args: str, env: dict | None = None, timeout: int = 1500, deploy: str = "deploy.py"
+) -> PyinfraRun:
     """The real pyinfra CLI, from the repository root, as a user runs it."""
     # -y skips pyinfra's change detection, which a dry run needs for its diffs
     confirm = [] if "--dry" in args else ["-y"]
     result = subprocess.run(
-        [PYINFRA, *confirm, str(inventory), "deploy.py", *args],
+        [PYINFRA, *confirm, str(inventory), deploy, *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})},
     )

@@ -10,13 +10,11 @@ Hub client venv, the host scripts, weights.downloaded), then:
 """
 
 import json
-import os
 import re
-import subprocess
 
 import pytest
 
-from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, PyinfraRun
+from conftest import REPO_ROOT, VLLM_CPU, run_pyinfra
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +24,6 @@ SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safet
 DEPLOY = f'''
 import sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.operations import files
@@ -36,7 +33,6 @@ from operations import runtime, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import make_plan
 
-HERE = Path({str(REPO_ROOT)!r})
 deployment = load_deployment(host)
 plan = make_plan(deployment, host.name, host.get_fact(NvidiaGpus))
 layout = plan.layout
@@ -45,8 +41,8 @@ runtime.venv(
     name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,
     uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.hub_venv.check,
 )
-for script in ("fetch_weights.py", "verify_weights.py"):
-    files.put(name=f"heavylift host script {{script}}", src=str(HERE / "operations" / "scripts" / script),
+for script in weights.HOST_SCRIPTS:
+    files.put(name=f"heavylift host script {{script}}", src=f"{{weights.SCRIPTS_DIR}}/{{script}}",
               dest=f"{{layout.scripts}}/{{script}}")
 content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)
 manifest = layout.manifest(plan.snapshot.repo, plan.snapshot.commit)
@@ -61,13 +57,9 @@ weights.downloaded(
 
 
 def run(site, *args):
-    confirm = [] if "--dry" in args else ["-y"]  # -y skips the change detection a dry run prints from
-    result = subprocess.run(
-        [PYINFRA, *confirm, str(site["inventory"]), str(site["deploy"]), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "HEAVYLIFT_PROGRESS_SECONDS": "0.2"},
+    return run_pyinfra(
+        site["inventory"], *args, deploy=str(site["deploy"]), timeout=600, env={"HEAVYLIFT_PROGRESS_SECONDS": "0.2"}
     )
-    return PyinfraRun(result.returncode, result.stdout + result.stderr)
 
 
 @pytest.fixture(scope="module")
