@@ -21,9 +21,7 @@ def exited():
     # a vLLM that died while loading will never answer: stop waiting at once
     try:
         os.kill(int(open(pidfile).read().split()[0]), 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):  # no such process, or no readable pidfile
         return True
     return False
 
