@@ -88,6 +88,8 @@ weights.downloaded(
     workers=plan.download_workers,
     verify=deployment.settings.verify,
     disk_margin_gb=deployment.settings.disk_margin_gb,
+    stall_seconds=deployment.settings.download_stall_seconds,
+    tries=deployment.settings.download_tries,
 )
 
 # 5. checkpoint overlay: links to the pristine files plus the patched, rendered configs

@@ -284,6 +284,11 @@ class SiteSettings(Strict):
         default="fast",
         description="fast: trust the manifest's size and mtime; full: re-hash every weights file on the host and fetch again only those that fail",
     )
+    download_stall_seconds: int = Field(
+        default=300, ge=1,
+        description="a download that gets no byte for this long is killed and started again (finished files are kept)",
+    )
+    download_tries: int = Field(default=5, ge=1, le=100, description="download attempts (stalls and failures) before the run fails")
     refresh_lock: bool = Field(default=False, description="re-resolve moving references (Hub branches) into the lock file")
 
     @field_validator("deployment")

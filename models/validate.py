@@ -87,6 +87,8 @@ SITE_HINTS: dict[str, str] = {
     "download_workers": "set download_workers to a number of parallel downloads between 1 and 64",
     "refresh_lock": "set refresh_lock to True or False",
     "disk_margin_gb": "set disk_margin_gb to the GB to keep free beyond the download (a number, 0 or more; default 20)",
+    "download_stall_seconds": "set download_stall_seconds to the seconds without a byte after which a download is restarted (1 or more; default 300)",
+    "download_tries": "set download_tries to the download attempts before the run fails (1-100; default 5)",
     "verify": 'set verify to "fast" (trust the manifest\'s sizes and mtimes) or "full" (re-hash every file on the host)',
 }
 

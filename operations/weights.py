@@ -220,7 +220,8 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
 
 @operation()
 def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, script_dir: str,
-               endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20):
+               endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20,
+               stall_seconds: int = 300, tries: int = 5):
     """
     A pinned Hub snapshot present and verified in ``local_dir``.
 
@@ -235,6 +236,8 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
       host (all cores) and fetches again only the files that fail
     + disk_margin_gb: free space to keep on the target beyond the download; fails before any
       byte moves when the files still to fetch do not fit
+    + stall_seconds: a download that gets no byte for this long is killed and started again
+    + tries: download attempts (stalls and failures) before the operation fails
     """
     if verify not in ("fast", "full"):
         raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
@@ -255,6 +258,8 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
         "workers": workers,
         "endpoint": endpoint,
         "verify": verify,
+        "stall_seconds": stall_seconds,
+        "tries": tries,
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in snapshot.files],
     }
     spec_path = manifest.removesuffix(".json") + ".request.json"

@@ -6,15 +6,27 @@ Hub client venv, the host scripts, weights.downloaded), then:
 (b) a re-run changes nothing and reads no shard bytes (the shards' atime, mtime and the manifest stay);
 (c) a byte flipped in one shard (size and mtime kept) goes unseen by a fast run; with
     ``--data verify=full`` it is found and only that shard is fetched again;
-(d) a root on a 200 KiB tmpfs: the run fails before any download, naming both numbers and the path.
+(d) a root on a 200 KiB tmpfs: the run fails before any download, naming both numbers and the path;
+(e) a transfer that hangs (a proxy holds the connection open and silent) is restarted by the
+    watchdog and the pull completes; (f) one that always hangs fails after the configured tries
+    with a clear message and no manifest, in bounded time;
+(g) connections cut mid-shard: the pull completes with the right bytes;
+(h) SIGKILL of the run and its host-side download mid-shard: nothing is left running, no manifest;
+    the next run fetches only what is missing (the finished shard keeps its inode and mtime).
+Faults come from testbed.fault_proxy between the host and the mirror.
 """
 
 import json
+import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 
-from conftest import REPO_ROOT, VLLM_CPU, run_pyinfra
+from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, run_pyinfra
+from testbed.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -52,6 +64,7 @@ weights.downloaded(
     name="weights", snapshot=plan.snapshot, local_dir=content_dir, manifest=manifest,
     python=f"{{plan.hub_venv.path}}/bin/python", script_dir=layout.scripts, endpoint=plan.hf_endpoint,
     workers=plan.download_workers, verify=settings.verify, disk_margin_gb=settings.disk_margin_gb,
+    stall_seconds=settings.download_stall_seconds, tries=settings.download_tries,
 )
 '''
 
@@ -75,10 +88,14 @@ def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
         bed.write_inventory(inventory, host_data={"weights1": data})
 
     write()
+    proxy = FaultProxy(int(hub_mirror.url.rsplit(":", 1)[1].rstrip("/")))
+    proxy.__enter__()
     commit = hub_mirror.commits["heavylift/tiny-llama"]
     content = f"{ROOT}/models/heavylift--tiny-llama/{commit}"
-    return {"bed": bed, "host": bed["weights1"], "inventory": inventory, "deploy": deploy, "write": write,
-            "content": content, "manifest": f"{content}.manifest.json", "commit": commit}
+    yield {"bed": bed, "host": bed["weights1"], "inventory": inventory, "deploy": deploy, "write": write,
+           "content": content, "manifest": f"{content}.manifest.json", "commit": commit, "proxy": proxy,
+           "mirror": hub_mirror}
+    proxy.stop()
 
 
 def stat(host, path):
@@ -101,6 +118,7 @@ def test_a_clean_pull_writes_the_manifest(site):
         assert sha == entry["sha256"], name
     assert re.search(r"downloading \d+ files, [\d.]+ kB", first.output), first.output[-5000:]
     assert re.search(r"verified \d+ files, [\d.]+ GB in [\d.]+ s \([\d.]+ GB/s\)", first.output), first.output[-5000:]
+    site["reference"] = {name: entry["sha256"] for name, entry in manifest["files"].items()}
 
 
 def test_b_rerun_changes_nothing_and_reads_no_shard(site):
@@ -183,3 +201,149 @@ def test_d_disk_full_fails_before_any_download(site):
     finally:
         site["write"]()
         host.run("umount /opt/small")
+
+
+# --- faults in the middle of a pull --------------------------------------------------------------
+
+def start_over(site, **overrides):
+    """No content folder, no manifest, no huggingface_hub metadata; the host fetches through the proxy."""
+    host = site["host"]
+    host.run(["rm", "-rf", site["content"], site["manifest"], f"{site['manifest']}.lock"], check=True)
+    site["write"](hf_endpoint=site["proxy"].url, **overrides)
+
+
+def assert_pulled_right(site):
+    host = site["host"]
+    manifest = json.loads(host.run(f"cat {site['manifest']}").stdout)
+    assert {name: entry["sha256"] for name, entry in manifest["files"].items()} == site["reference"]
+    for name, sha in site["reference"].items():
+        assert host.run(["sha256sum", f"{site['content']}/{name}"]).stdout.split()[0] == sha, name
+
+
+def test_e_stalled_transfer_is_restarted_and_completes(site):
+    proxy = site["proxy"]
+    start_over(site, download_stall_seconds=3, download_tries=3)
+    proxy.set("stall", after_bytes=32 * 1024, faults=1)
+    try:
+        run_ = run(site, "-vvv")
+    finally:
+        proxy.heal()
+    assert run_.returncode == 0, run_.output[-5000:]
+    assert proxy.faulted == 1
+    assert "retrying: no byte arrived for 3 s (try 1 of 3)" in run_.output, run_.output[-5000:]
+    assert_pulled_right(site)
+
+
+def test_f_transfer_that_always_hangs_fails_after_the_tries(site):
+    proxy = site["proxy"]
+    start_over(site, download_stall_seconds=3, download_tries=2)
+    proxy.set("stall", after_bytes=32 * 1024, faults=1000)
+    started = time.monotonic()
+    try:
+        failed = run(site)
+    finally:
+        proxy.heal()
+    assert failed.returncode != 0
+    assert re.search(
+        r"download of heavylift/tiny-llama@[0-9a-f]{40} failed after 2 tries: no byte arrived for 3 s\. "
+        r"The files fetched so far are kept in /opt/heavylift/models/heavylift--tiny-llama/[0-9a-f]{40}; run again to resume",
+        failed.output), failed.output[-5000:]
+    assert time.monotonic() - started < 120
+    assert site["host"].run(["test", "-e", site["manifest"]]).returncode != 0  # nothing vouched for
+    again = run(site)  # the mirror answers again: the same run completes the pull
+    assert again.returncode == 0, again.output[-5000:]
+    assert_pulled_right(site)
+
+
+def test_g_connections_cut_mid_shard_still_give_the_right_bytes(site):
+    proxy = site["proxy"]
+    start_over(site, download_stall_seconds=30)
+    proxy.set("drop", after_bytes=32 * 1024, faults=2)
+    try:
+        pulled = run(site, "-vvv")
+    finally:
+        proxy.heal()
+    assert pulled.returncode == 0, pulled.output[-5000:]
+    assert proxy.faulted == 2
+    assert_pulled_right(site)
+
+
+def fetch_processes(host):
+    """The host's fetch_weights.py processes: pid -> argv."""
+    found = {}
+    for pid in host.processes():
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"fetch_weights.py") for arg in argv):
+            found[pid] = [arg.decode() for arg in argv if arg]
+    return found
+
+
+def incomplete_sizes(folder):
+    """Sizes of huggingface_hub's .incomplete files under its download folder (they come and go)."""
+    sizes = []
+    for path in folder.rglob("*.incomplete") if folder.is_dir() else []:
+        try:
+            sizes.append(path.stat().st_size)
+        except FileNotFoundError:
+            pass
+    return sizes
+
+
+def test_h_sigkill_mid_shard_then_the_next_run_fetches_only_what_is_missing(site, tmp_path):
+    host, proxy = site["host"], site["proxy"]
+    log = tmp_path / "killed-run.log"
+    start_over(site, download_workers=1)
+    proxy.set("slow", rate=40_000)  # ~8 s for the pull: time to kill it mid-shard
+    incomplete_dir = host.view(f"{site['content']}/.cache/huggingface/download")
+    content = host.view(site["content"])
+    pyinfra = subprocess.Popen(
+        [PYINFRA, "-y", str(site["inventory"]), str(site["deploy"])], cwd=REPO_ROOT,
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "HEAVYLIFT_PROGRESS_SECONDS": "0.2"},
+    )
+    try:
+        # wait until one shard is finished and the other is on its way
+        deadline, finished = time.monotonic() + 120, []
+        while time.monotonic() < deadline:
+            finished = sorted(p.name for p in content.glob("*.safetensors")) if content.is_dir() else []
+            # huggingface_hub writes a file's bytes in 10 MiB chunks: a small shard's .incomplete
+            # stays empty while its bytes arrive
+            if len(finished) == 1 and incomplete_sizes(incomplete_dir):
+                break
+            time.sleep(0.05)
+        else:
+            listing = host.run(["find", site["content"], "-ls"]).stdout
+            pytest.fail(f"never saw one shard finished and another half-downloaded:\n{listing}\n{log.read_text()[-3000:]}")
+        kept = {name: stat(host, f"{site['content']}/{name}") for name in finished}
+        processes = fetch_processes(host)
+        parents = [pid for pid, argv in processes.items() if "--download" not in argv]
+        assert parents and len(processes) == 2, processes
+        for pid in parents:  # the host side of the run, as an OOM kill or a power cut would
+            os.kill(pid, signal.SIGKILL)
+        pyinfra.send_signal(signal.SIGKILL)  # and the control side
+        pyinfra.wait(timeout=30)
+    finally:
+        proxy.heal()
+        if pyinfra.poll() is None:
+            pyinfra.kill()
+    deadline = time.monotonic() + 10
+    while fetch_processes(host) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fetch_processes(host) == {}, "the download child outlived the killed run"
+    assert host.run(["test", "-e", site["manifest"]]).returncode != 0
+    # what a power cut can leave: a torn, half-written .incomplete that a resume would build on
+    for leftover in incomplete_dir.rglob("*.incomplete"):
+        leftover.write_bytes(os.urandom(5000))
+
+    resumed = run(site, "-vvv")
+    assert resumed.returncode == 0, resumed.output[-5000:]
+    fetched = int(re.search(r"downloading (\d+) files", resumed.output).group(1))
+    assert fetched < len(site["reference"]), resumed.output[-5000:]
+    assert "verifying files the manifest does not vouch for" in resumed.output
+    for name, before in kept.items():  # finished shards are never fetched again
+        after = stat(host, f"{site['content']}/{name}")
+        assert (after[0], after[2]) == (before[0], before[2]), name
+    assert_pulled_right(site)
+    site["write"]()

@@ -1,9 +1,11 @@
 """The host scripts of the weights stage (operations/scripts/), run here: progress lines, byte
 counting (with huggingface_hub's own .incomplete paths), parallel verification, and
-fetch_weights.py's decisions with huggingface_hub's download replaced by a recorder; plus the
+fetch_weights.py's decisions with huggingface_hub's download replaced by a recorder, the download
+watchdog with stand-in children (stall, failure, parent killed); plus the
 weights operation's plan line and the new settings.
 """
 
+import glob
 import hashlib
 import json
 import logging
@@ -57,18 +59,109 @@ def test_local_bytes_counts_files_and_hub_incomplete_files(tmp_path):
     assert fetch_weights.local_bytes(str(tmp_path)) == 10 + 1000 + 333
 
 
-def test_progress_thread_prints_whole_lines_while_bytes_arrive(tmp_path):
-    (tmp_path / "already.bin").write_bytes(b"x" * 500)  # present before: not part of the progress
+# a stand-in for the download child: argv[1] is a folder, argv[2] a behaviour per try (counted in
+# a file), writing bytes like huggingface_hub's .incomplete files do
+CHILD = r"""
+import os, sys, time
+folder, plan = sys.argv[1], sys.argv[2].split(",")
+os.makedirs(folder, exist_ok=True)
+count_file = os.path.join(folder, "tries")
+tries = int(open(count_file).read()) + 1 if os.path.exists(count_file) else 1
+open(count_file, "w").write(str(tries))
+open(os.path.join(folder, "child.pid"), "w").write(str(os.getpid()))
+what = plan[min(tries, len(plan)) - 1]
+with open(os.path.join(folder, f"part{tries}.bin"), "wb") as out:
+    for _ in range(4):
+        out.write(b"y" * 500); out.flush(); time.sleep(0.1)
+    if what == "stall":
+        time.sleep(3600)
+    if what.startswith("exit"):
+        sys.exit(int(what[4:]))
+"""
+
+
+def watched(tmp_path, plan, stall=0.6, tries=3, total=2000):
     lines = []
-    with fetch_weights.Progress(str(tmp_path), 2000, 0.05, out=lines.append) as progress:
-        for step in range(4):
-            (tmp_path / f"part{step}.bin").write_bytes(b"y" * 500)
-            time.sleep(0.12)
-        assert progress.done() == 2000
-    assert len(lines) >= 3
-    assert all(line.startswith("progress: ") and "\n" not in line for line in lines)
-    assert lines[-1].startswith("progress: 2.0 kB of 2.0 kB (100.0%)")
-    assert not any(t.name == "progress" for t in threading.enumerate())
+    spec = {"repo": "org/m", "commit": "0" * 40, "local_dir": str(tmp_path), "stall_seconds": stall, "tries": tries}
+    command = [sys.executable, "-c", CHILD, str(tmp_path), plan]
+    started = time.monotonic()
+    try:
+        used = fetch_weights.download_watched("unused", spec, ["x"], total, out=lines.append, command=command)
+    except fetch_weights.DownloadFailed as failure:
+        used = failure
+    return used, lines, time.monotonic() - started
+
+
+def test_watchdog_progress_lines_while_bytes_arrive(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEAVYLIFT_PROGRESS_SECONDS", "0.1")
+    used, lines, _ = watched(tmp_path, "ok")
+    assert used == 1
+    assert len(lines) >= 2 and all(line.startswith("progress: ") and "\n" not in line for line in lines)
+    assert fetch_weights.local_bytes(str(tmp_path)) >= 2000
+
+
+def test_watchdog_restarts_a_stalled_download(tmp_path):
+    used, lines, seconds = watched(tmp_path, "stall,ok", stall=0.6)
+    assert used == 2, lines
+    assert "retrying: no byte arrived for 0.6 s (try 1 of 3); starting again in 1 s, keeping finished files" in lines
+    assert seconds < 10
+
+
+def test_watchdog_gives_up_after_the_tries_with_a_clear_message(tmp_path):
+    used, lines, seconds = watched(tmp_path, "stall,exit3", stall=0.6, tries=2)
+    assert isinstance(used, fetch_weights.DownloadFailed)
+    assert str(used).startswith("download of org/m@" + "0" * 40 + " failed after 2 tries: the download exited with code 3.")
+    assert "run again to resume" in str(used)
+    assert lines[-1].startswith("retrying: no byte arrived for 0.6 s (try 1 of 2)")
+    assert seconds < 10  # never hangs
+
+
+def test_download_child_dies_with_a_killed_run(tmp_path):
+    """SIGKILL of fetch_weights.py (a killed run, a dropped SSH session) takes its download child with it."""
+    import signal
+    import subprocess
+
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import sys; sys.path.insert(0, {str(SCRIPTS)!r})
+import fetch_weights
+spec = {{"repo": "r", "commit": "c", "local_dir": {str(tmp_path)!r}, "stall_seconds": 3600, "tries": 1}}
+fetch_weights.download_watched("unused", spec, [], 1, command=[sys.executable, "-c", {CHILD!r}, {str(tmp_path)!r}, "stall"])
+"""])
+    pid_file = tmp_path / "child.pid"
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the download child outlived its killed parent"
+
+
+def test_one_fetch_per_folder_the_second_waits(tmp_path):
+    import subprocess
+
+    manifest = tmp_path / "m.json"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time; sys.path.insert(0, {str(SCRIPTS)!r})
+import fetch_weights
+lock = fetch_weights.locked({str(manifest)!r})
+print("held", flush=True)
+time.sleep(1.0)
+"""], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    waiter = subprocess.run([sys.executable, "-c", f"""
+import sys; sys.path.insert(0, {str(SCRIPTS)!r})
+import fetch_weights
+fetch_weights.locked({str(manifest)!r})
+"""], capture_output=True, text=True, timeout=30)
+    assert waiter.returncode == 0, waiter.stderr
+    assert f"waiting for another fetch of this folder to finish (pid {holder.pid} since" in waiter.stdout
+    assert time.monotonic() - started >= 0.5
+    holder.wait()
 
 
 def test_progress_interval_from_environment(monkeypatch):
@@ -160,14 +253,18 @@ class FakeHub:
             path.write_bytes(self.published[name])
 
 
-@pytest.fixture
-def fetch_setup(tmp_path, monkeypatch):
-    import huggingface_hub
+def in_process(hub):
+    """fetch_weights.main's download step, calling the stand-in in this process instead of a watched child."""
+    def download(spec_path, spec, need, total):
+        hub(spec["repo"], spec["commit"], spec["local_dir"], [glob.escape(n) for n in need], spec["workers"], spec["endpoint"])
+    return download
 
+
+@pytest.fixture
+def fetch_setup(tmp_path):
     published = {"config.json": b'{"a": 1}', "model-00001-of-00002.safetensors": os.urandom(20000),
                  "model-00002-of-00002.safetensors": os.urandom(30000), "we[ir]d name.json": b"[]"}
     hub = FakeHub(published)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
     folder = tmp_path / "content"
     manifest = tmp_path / "content.manifest.json"
 
@@ -180,7 +277,7 @@ def fetch_setup(tmp_path, monkeypatch):
         }
         spec_path = tmp_path / "request.json"
         spec_path.write_text(json.dumps(spec))
-        fetch_weights.main(str(spec_path))
+        fetch_weights.main(str(spec_path), download=in_process(hub))
 
     return hub, folder, manifest, run
 
@@ -235,7 +332,7 @@ def test_fetch_refuses_a_download_that_does_not_match_the_hub(fetch_setup):
     spec = json.loads((folder.parent / "request.json").read_text())
     (folder.parent / "request.json").write_text(json.dumps(spec))
     with pytest.raises(SystemExit, match="does not match the Hub's"):
-        fetch_weights.main(str(folder.parent / "request.json"))
+        fetch_weights.main(str(folder.parent / "request.json"), download=in_process(hub))
     assert not manifest.exists()
 
 
