@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/bench_weights.py [--data-gb 2] [--rounds 3] [--only download,recheck,verify]
 
 1. download: heavylift's host script (fetch_weights.py: huggingface_hub in a watched child, then
-   sha256 of every file and the manifest) vs `hf download` of the same files vs raw parallel curl
-   of the same URLs (the ceiling), from olah on 127.0.0.1. Real random data (--data-gb).
+   sha256 of every file against the listing's LFS sha256, and the manifest) vs `hf download` of the
+   same files vs raw parallel curl of the same URLs (the ceiling), all from one loopback server
+   (benchmarks/static_hub.py: olah serves blobs through `git cat-file` and would be what is timed).
+   Real random data (--data-gb).
 2. recheck: a converged 119-shard, 540 GB checkpoint (SPARSE files: apparent size only) re-checked
    by a pyinfra run of weights.downloaded on @local vs a pyinfra run that does nothing; shard bytes
    read (every shard's atime set in the past first: a read would move it).
@@ -32,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "operations" / "scripts"))
 
-from testbed.hub_mirror import HubMirror, ensure_git_repo, git, publish_repo, repo_dir  # noqa: E402
+from benchmarks.static_hub import StaticHub  # noqa: E402
 
 BIN = Path(sys.executable).parent
 REPO = "heavylift/bench-weights"
@@ -76,19 +78,15 @@ def make_checkpoint(folder: Path, data_gb: float, shards: int = 8) -> None:
 def bench_download(work: Path, data_gb: float, rounds: int, workers: int = 8) -> float:
     src = work / "src"
     make_checkpoint(src, data_gb)
-    mirror_dir = work / "mirror"
-    repo = repo_dir(mirror_dir, REPO)
-    ensure_git_repo(repo)
-    git(repo, "config", "core.compression", "0")  # random data: zlib would only cost time
-    commit = publish_repo(mirror_dir, REPO, src)
+    commit = "b" * 40
     names = sorted(p.name for p in src.iterdir())
     total = sum((src / n).stat().st_size for n in names)
     gb = total / 1e9
-    print(f"download: {len(names)} files, {gb:.2f} GB of real random data, olah on loopback, {workers} workers, "
-          f"{rounds} rounds")
+    print(f"download: {len(names)} files, {gb:.2f} GB of real random data, static Hub server on loopback, "
+          f"{workers} workers, {rounds} rounds")
     figures: dict[str, list[float]] = {"heavylift": [], "heavylift download phase": [], "hf download": [], "curl": []}
-    with HubMirror(mirror_dir) as mirror:
-        files = [{"path": n, "size": (src / n).stat().st_size, "sha256": None} for n in names]
+    with StaticHub(src, REPO, commit) as mirror:
+        files = [{"path": n, "size": size, "sha256": sha} for n, (size, sha) in mirror.files.items()]
         for round_ in range(rounds):
             dest = work / f"dest-{round_}"
             spec = {"repo": REPO, "commit": commit, "local_dir": str(dest / "heavylift"),
