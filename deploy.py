@@ -59,27 +59,9 @@ hub_venv = runtime.venv(
     name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,
     uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.hub_venv.check,
 )
-previous = host.get_fact(runtime.VllmRuntimeState, link=layout.active_venv)
-runtime.log_build_change(plan, previous, host.get_fact(runtime.CompleteVenv, path=plan.vllm_venv.path))
-vllm_settings = deployment.settings.vllm
-if vllm_settings.wheelhouse_upload:
-    files.sync(name="wheelhouse (uploaded)", src=vllm_settings.wheelhouse_upload, dest=vllm_settings.wheelhouse)
-# a new build goes into its own folder beside the active one; the link below switches only after
-# it is installed, patched and checked (a failure stops this host before the switch)
-vllm_venv = runtime.venv(
-    name=f"vLLM venv {plan.build.label()}",
-    path=plan.vllm_venv.path, spec=plan.vllm_venv.spec,
-    uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.vllm_venv.check,
-    patch_files=list(plan.vllm_venv.patch_files), cli_version=plan.vllm_venv.cli_version,
-)
-active_venv = files.link(name="active vLLM venv", path=layout.active_venv, target=plan.vllm_venv.path)
-runtime.venvs_pruned(
-    name=f"old vLLM venvs (keep {deployment.settings.keep_venvs})",
-    venvs_dir=layout.venvs_dir, deployments_dir=layout.deployments_dir,
-    prefixes=runtime.VLLM_VENV_PREFIXES, keep=deployment.settings.keep_venvs,
-    # the build this run activates and the one it replaces (the rollback target)
-    protect=[plan.vllm_venv.path, *([previous["venv"]] if previous else [])],
-)
+# the exact build (resolved at plan time) in its own venv, built and checked beside the active one,
+# then the switch of the deployment's `venv` link; old venvs beyond keep_venvs are removed
+vllm_venv, active_venv = runtime.vllm_runtime(deployment, layout, plan.build, plan.vllm_venv)
 
 # 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
 for script in weights.HOST_SCRIPTS:

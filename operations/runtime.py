@@ -209,7 +209,8 @@ def venv(
         yield StringCommand("printf", "%s", QuoteString(lines), ">", QuoteString(excludes))
     yield _or_remove(StringCommand(*install), path, f"heavylift: installing {' '.join(spec['packages'])} failed")
 
-    # the patch series, onto this venv's site-packages only: checked whole (--dry-run) before each is applied
+    # the patch series, onto this venv's site-packages only: each checked (--dry-run) before it is applied;
+    # --fuzz=0 because GNU patch's default fuzz (2) lets a hunk land where its context lines differ
     purelib = StringCommand(QuoteString(python), "-c", QuoteString("import sysconfig; print(sysconfig.get_path('purelib'))"))
     site = StringCommand('"$(', purelib, ')"', _separator="")
     patch_dir = posixpath.join(path, ".heavylift-patches")
@@ -223,8 +224,8 @@ def venv(
         uploaded.append((Path(local).name, dest))
     for name, dest in uploaded:
         apply = StringCommand(
-            "cd", site, "&&", "patch", "-p1", "--forward", "--batch", "--dry-run", "-i", QuoteString(dest),
-            "&&", "patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", QuoteString(dest),
+            "cd", site, "&&", "patch", "-p1", "--forward", "--batch", "--fuzz=0", "--dry-run", "-i", QuoteString(dest),
+            "&&", "patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i", QuoteString(dest),
         )
         yield _or_remove(apply, path, f"heavylift: patch {name} does not apply to {' '.join(spec['packages'])} (see the file and hunk above)")
 
@@ -238,7 +239,7 @@ def venv(
     for name, dest in uploaded:
         # the files the series touches are as it leaves them: the patch reverses cleanly
         yield _or_remove(
-            StringCommand("cd", site, "&&", "patch", "-p1", "-R", "--batch", "--dry-run", "--silent", "-i", QuoteString(dest)),
+            StringCommand("cd", site, "&&", "patch", "-p1", "-R", "--batch", "--fuzz=0", "--dry-run", "--silent", "-i", QuoteString(dest)),
             path, f"heavylift: patch {name} is not in place after applying it",
         )
     # the completion record is written last: its presence means "built and checked"
@@ -288,19 +289,19 @@ print(json.dumps({"package": package, "version": v, "commit": commit, "torch": t
 VLLM_VENV_PREFIXES = ["vllm-"]
 
 
-def log_build_change(plan, active: dict | None, planned_record: dict | None) -> None:
+def log_build_change(build, venv_plan, active: dict | None, planned_record: dict | None) -> None:
     """One line per host at prepare time (also in --dry): ``vLLM A -> B (venv new|kept, N patches)``."""
     from pyinfra import logger
 
-    new = plan.build.version
+    new = build.version
     old = (active or {}).get("version") or "none"
-    patches = len(plan.vllm_venv.patch_files)
-    if active and posixpath.basename(active["venv"].rstrip("/")) == posixpath.basename(plan.vllm_venv.path) \
-            and planned_record == plan.vllm_venv.spec:
+    patches = len(venv_plan.patch_files)
+    if active and posixpath.basename(active["venv"].rstrip("/")) == posixpath.basename(venv_plan.path) \
+            and planned_record == venv_plan.spec:
         logger.info(f"{host.print_prefix}vLLM {new} (active, unchanged, {patches} patches)")
         return
-    state = "kept" if planned_record == plan.vllm_venv.spec else "new"
-    commit = f" @{plan.build.commit[:12]}" if plan.build.commit else ""
+    state = "kept" if planned_record == venv_plan.spec else "new"
+    commit = f" @{build.commit[:12]}" if build.commit else ""
     logger.info(f"{host.print_prefix}vLLM {old} -> {new}{commit} (venv {state}, {patches} patches)")
 
 
@@ -390,3 +391,32 @@ def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep
 
 def shell_join(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
+
+
+def vllm_runtime(deployment, layout, build, venv_plan):
+    """Section 3 of deploy.py for vLLM: the build's venv beside the active one, checked, then the switch.
+
+    Returns (venv operation, link operation) for restart-on-change. Used by deploy.py and by the
+    runtime-only deploy of the end-to-end tests, so both run the same operations.
+    """
+    settings = deployment.settings
+    previous = host.get_fact(VllmRuntimeState, link=layout.active_venv)
+    log_build_change(build, venv_plan, previous, host.get_fact(CompleteVenv, path=venv_plan.path))
+    if settings.vllm.wheelhouse_upload:
+        files.sync(name="wheelhouse (uploaded)", src=settings.vllm.wheelhouse_upload, dest=settings.vllm.wheelhouse)
+    # a new build goes into its own folder beside the active one; the link below switches only after
+    # it is installed, patched and checked (a failure stops this host before the switch)
+    venv_op = venv(
+        name=f"vLLM venv {build.label()}",
+        path=venv_plan.path, spec=venv_plan.spec, uv_path=layout.uv, uv_cache=layout.uv_cache, check=venv_plan.check,
+        patch_files=list(venv_plan.patch_files), cli_version=venv_plan.cli_version,
+    )
+    link_op = files.link(name="active vLLM venv", path=layout.active_venv, target=venv_plan.path)
+    venvs_pruned(
+        name=f"old vLLM venvs (keep {settings.keep_venvs})",
+        venvs_dir=layout.venvs_dir, deployments_dir=layout.deployments_dir,
+        prefixes=VLLM_VENV_PREFIXES, keep=settings.keep_venvs,
+        # the build this run activates and the one it replaces (the rollback target)
+        protect=[venv_plan.path, *([previous["venv"]] if previous else [])],
+    )
+    return venv_op, link_op

@@ -289,3 +289,115 @@ def install_options(build: Build) -> dict:
 def to_json(build: Build) -> str:
     return json.dumps({"package": build.package, "version": build.version, "commit": build.commit,
                        "variant": build.variant, "index_url": build.index_url})
+
+
+# ---------------------------------------------------------------- patch series preflight
+
+
+class PatchDoesNotApply(ValueError):
+    """A patch of the series does not apply to the build; raised at plan time, before any host changes."""
+
+
+def patched_paths(text: str) -> list[str]:
+    """The files a -p1 unified diff changes (``+++ b/vllm/x.py`` -> ``vllm/x.py``)."""
+    paths = []
+    for line in text.splitlines():
+        if line.startswith("+++ "):
+            target = line[4:].split("\t", 1)[0].strip()
+            if target != "/dev/null":
+                paths.append(target.split("/", 1)[1] if "/" in target else target)
+    return paths
+
+
+def build_wheel_file(build: Build, wheelhouse: str | None = None) -> "os.PathLike | None":
+    """A local copy of the build's wheel: from a local wheelhouse, else downloaded once into the cache."""
+    from pathlib import Path
+
+    from packaging.utils import canonicalize_name
+
+    if wheelhouse:
+        for candidate in sorted(Path(wheelhouse).glob("*.whl")):
+            try:
+                name, version, _, _ = parse_wheel_filename(candidate.name)
+            except (InvalidWheelFilename, InvalidVersion):
+                continue
+            if canonicalize_name(name) == canonicalize_name(build.package) and version == Version(build.version):
+                return candidate
+        return None
+    if not build.wheels:
+        return None
+    # any of the build's wheels carries the same Python sources; prefer the host's usual platform
+    wheel = sorted(build.wheels, key=lambda w: ("x86_64" not in w.filename and "none-any" not in w.filename, w.filename))[0]
+    cache = Path(os.environ.get("HEAVYLIFT_CACHE", Path.home() / ".cache" / "heavylift")) / "wheels"
+    local = cache / (wheel.sha256 or "unhashed") / wheel.filename
+    if local.exists():
+        return local
+    import hashlib
+
+    local.parent.mkdir(parents=True, exist_ok=True)
+    partial = local.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(wheel.url, timeout=600) as answer, open(partial, "wb") as out:
+        while chunk := answer.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    if wheel.sha256 and digest.hexdigest() != wheel.sha256:
+        partial.unlink()
+        raise PatchDoesNotApply(f"{wheel.url}: the download does not match the index's sha256")
+    partial.rename(local)
+    return local
+
+
+def check_patch_series(build: Build, patch_files: list[str], wheelhouse: str | None = None) -> str:
+    """Dry-run the whole series, in order, against the build's own files (from its wheel); raise naming patch, file, hunk.
+
+    ``--fuzz=0``: GNU patch otherwise ignores up to two context lines (its default fuzz factor 2),
+    so a patch written for one build would "apply" to another whose code differs right there.
+
+    Returns what was checked (for the log); checks nothing when the wheel is not reachable from here
+    (a wheelhouse only on the host), the host's own dry run then stops the install instead.
+    """
+    import subprocess
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    if not patch_files:
+        return "no patches"
+    wheel = build_wheel_file(build, wheelhouse)
+    if wheel is None:
+        return "series not checked here: the build's wheel is only on the host"
+    with tempfile.TemporaryDirectory(prefix="heavylift-patch-") as tree, zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for patch in patch_files:
+            for path in patched_paths(Path(patch).read_text()):
+                if path in names and not (Path(tree) / path).exists():
+                    archive.extract(path, tree)
+        for patch in patch_files:
+            name = Path(patch).name
+            result = subprocess.run(
+                ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--dry-run", "-d", tree, "-i", str(Path(patch).resolve())],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise PatchDoesNotApply(f"patch {name} does not apply to {build.label()}: {_patch_failure(result.stdout + result.stderr)}")
+            # apply for real in the scratch tree: the next patch of the series sees this one's result
+            subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--silent", "-d", tree, "-i", str(Path(patch).resolve())],
+                           capture_output=True, text=True, check=True)
+    return f"{len(patch_files)} patches apply to {build.label()}"
+
+
+def _patch_failure(output: str) -> str:
+    """GNU patch's own words, reduced to: which file, which hunks, or that it is already applied."""
+    current, problems = None, []
+    for line in output.splitlines():
+        match = re.match(r"^(?:checking|patching) file (.+)$", line) or re.match(r"^\|\+\+\+ [^/\s]+/(\S+)", line)
+        if match:
+            current = match.group(1).strip("'")
+        elif "Reversed (or previously applied) patch detected" in line:
+            problems.append(f"file {current}: already applied (the build contains this change; drop the patch)")
+        elif re.match(r"^Hunk #\d+ FAILED", line):
+            problems.append(f"file {current}: {line.strip().rstrip('.')}")
+        elif "can't find file to patch" in line or "No file to patch" in line:
+            problems.append(f"file {current or '?'}: not in this build")
+    return "; ".join(dict.fromkeys(problems)) or output.strip().splitlines()[-1]

@@ -25,6 +25,9 @@ OLD = "b" * 40
 NEW = "a" * 40
 OLD_VERSION = "0.16.0rc2.dev314+gbbbbbbbbb"
 NEW_VERSION = "0.16.0rc2.dev400+gaaaaaaaaa"
+PATCHED = "d" * 40
+LOADER = "vllm/model_executor/model_loader/gguf_loader.py"
+LOADER_TEXT = "".join(f"line {i}\n" for i in range(1, 30)).replace("line 10\n", "    model_type = 'deepseek2'\n")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,7 @@ def index(tmp_path_factory):
     idx.add_commit(NEW, NEW_VERSION + ".cu130", variant="cu130", requires=("torch==2.9.1", "depy>=0.5"))
     idx.publish_nightly(NEW)
     idx.publish_nightly(NEW, variant="cu130")
+    idx.add_commit(PATCHED, "0.16.0rc2.dev500+gddddddddd", files={LOADER: LOADER_TEXT})
     with idx:
         yield idx
 
@@ -223,3 +227,35 @@ def test_bad_nightly_requests_are_refused_by_the_schema():
     ]:
         with pytest.raises(ValidationError, match=message):
             VllmRuntime.model_validate(data)
+
+
+# --- the patch series, checked against the build's own wheel before any host changes -------------
+
+
+def write_patch(folder, name, old, new, path=LOADER):
+    text = f"--- a/{path}\n+++ b/{path}\n@@ -9,3 +9,3 @@\n line 9\n-{old}\n+{new}\n line 11\n"
+    patch = folder / name
+    patch.write_text(text)
+    return str(patch)
+
+
+def test_patch_series_checked_against_the_wheel(index, pypi, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEAVYLIFT_CACHE", str(tmp_path / "cache"))
+    build = vllm_build.resolve(request(nightly=PATCHED, wheel_index=index.url))
+    first = write_patch(tmp_path, "01-glm.patch", "    model_type = 'deepseek2'", "    model_type = 'glm-dsa'")
+    # the second patch builds on the first: the series is checked in order
+    second = write_patch(tmp_path, "02-more.patch", "    model_type = 'glm-dsa'", "    model_type = 'glm-dsa'  # v2")
+    assert vllm_build.check_patch_series(build, [first, second]) == f"2 patches apply to {build.label()}"
+
+    stale = write_patch(tmp_path, "03-stale.patch", "    model_type = 'llama'", "    model_type = 'glm'")
+    with pytest.raises(vllm_build.PatchDoesNotApply) as failed:
+        vllm_build.check_patch_series(build, [first, stale])
+    assert str(failed.value) == (f"patch 03-stale.patch does not apply to {build.label()}: file {LOADER}: Hunk #1 FAILED at 9")
+
+    # the build already carries the change: never applied twice, and the message says so
+    with pytest.raises(vllm_build.PatchDoesNotApply, match=rf"patch 01-glm.patch .*file {LOADER}: already applied"):
+        vllm_build.check_patch_series(build, [first, first])
+
+    missing = write_patch(tmp_path, "04-missing.patch", "a", "b", path="vllm/not_there.py")
+    with pytest.raises(vllm_build.PatchDoesNotApply, match="file vllm/not_there.py: not in this build"):
+        vllm_build.check_patch_series(build, [missing])
