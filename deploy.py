@@ -54,7 +54,8 @@ files.put(
     src=StringIO(json.dumps({"gpus": gpus.to_json(), **plan.resolution.to_json()}, indent=2, sort_keys=True) + "\n"),
     dest=f"{layout.deployment_dir}/resolution.json",
 )
-runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version)
+runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version,
+           wheelhouse=deployment.settings.vllm.wheelhouse_upload)
 hub_venv = runtime.venv(
     name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,
     uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.hub_venv.check,

@@ -61,27 +61,37 @@ class CompleteVenv(FactBase):
         return json.loads(text) if text else None
 
 
-def local_uv_binary(version: str, machine: str) -> Path:
-    """uv's binary for the host's CPU, from PyPI's `uv` wheel, cached on the control machine."""
+def local_uv_binary(version: str, machine: str, wheelhouse: str | None = None) -> Path:
+    """uv's binary for the host's CPU, from PyPI's `uv` wheel (or one in a local wheelhouse), cached on the control machine."""
     platform = UV_WHEEL_PLATFORMS.get(machine)
     if platform is None:
         raise OperationError(f"no uv wheel known for CPU '{machine}' (known: {', '.join(UV_WHEEL_PLATFORMS)})")
     binary = LOCAL_CACHE / "uv" / version / platform / "uv"
     if binary.exists():
         return binary
-    # PyPI's simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
-    request = urllib.request.Request(PYPI_SIMPLE + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        listing = json.load(answer)
-    wheel = next(
-        (f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and platform in f["filename"]), None
-    )
-    if wheel is None:
-        raise OperationError(f"PyPI has no uv {version} wheel for {platform}")
-    with urllib.request.urlopen(wheel["url"], timeout=300) as answer:
-        data = answer.read()
-    if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
-        raise OperationError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
+    if wheelhouse:
+        # air-gapped: the uv wheel comes with the others (pip download uv==VERSION --platform ...)
+        found = sorted(Path(wheelhouse).glob(f"uv-{version}-*{platform}*.whl"))
+        if not found:
+            raise OperationError(
+                f"the wheelhouse {wheelhouse} has no uv {version} wheel for {platform} "
+                f"(add it: pip download uv=={version} --only-binary=:all: --platform {platform} -d {wheelhouse})"
+            )
+        data = found[0].read_bytes()
+    else:
+        # PyPI's simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
+        request = urllib.request.Request(PYPI_SIMPLE + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            listing = json.load(answer)
+        wheel = next(
+            (f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and platform in f["filename"]), None
+        )
+        if wheel is None:
+            raise OperationError(f"PyPI has no uv {version} wheel for {platform}")
+        with urllib.request.urlopen(wheel["url"], timeout=300) as answer:
+            data = answer.read()
+        if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
+            raise OperationError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
     member = next(n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if n.endswith("/scripts/uv"))
     binary.parent.mkdir(parents=True, exist_ok=True)
     partial = binary.with_suffix(".partial")
@@ -92,18 +102,19 @@ def local_uv_binary(version: str, machine: str) -> Path:
 
 
 @operation()
-def uv(path: str, version: str):
+def uv(path: str, version: str, wheelhouse: str | None = None):
     """
     Install a pinned uv binary on the host.
 
     + path: where the binary goes (e.g. /opt/heavylift/bin/uv)
     + version: uv release, e.g. 0.13.9
+    + wheelhouse: a local folder holding uv's wheel (air-gapped sites); PyPI when None
     """
     installed = host.get_fact(InstalledVersion, path=path)
     if installed == f"uv {version}" or (installed or "").startswith(f"uv {version} "):
         host.noop(f"{installed} at {path}")
         return
-    binary = local_uv_binary(version, host.get_fact(Arch))
+    binary = local_uv_binary(version, host.get_fact(Arch), wheelhouse)
     yield from files.put._inner(src=str(binary), dest=path, mode="755")
 
 

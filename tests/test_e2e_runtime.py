@@ -44,7 +44,7 @@ layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=set
 build = planning.resolve_build(deployment, host.name)
 venv_plan = planning.vllm_venv_plan(deployment, host.name, build, layout)
 files.directory(name="heavylift folders", path=layout.deployment_dir)
-runtime.uv(name="uv", path=layout.uv, version=settings.uv_version)
+runtime.uv(name="uv", path=layout.uv, version=settings.uv_version, wheelhouse=settings.vllm.wheelhouse_upload)
 runtime.vllm_runtime(deployment, layout, build, venv_plan)
 '''
 
