@@ -1,6 +1,7 @@
 """End to end, the runtime stage alone: the real pyinfra CLI over real SSH installs tiny fake vLLM
 builds with real uv from a PEP 503 index on loopback (testbed/wheel_index.py) into a test host,
-with a deploy file of its own (validate, build resolution, uv, the vLLM venv, the link, the GC):
+with the runtime-only deploy (testbed/runtime_deploy.py: validate, build resolution, uv, the vLLM venv,
+the link, the GC):
 
 (a) first install of 0.33.0; a re-run changes nothing;
 (b) upgrade to 0.34.0 with a one-patch series: `--dry` prints `vLLM 0.33.0 -> 0.34.0 (venv new, 1 patches)`
@@ -27,26 +28,7 @@ ROOT = "/opt/heavylift"
 LINK = f"{ROOT}/deployments/tiny-llama/venv"
 PATCH = "tests/fixtures/patches/fake-vllm-0.34.0-marker.patch"
 
-DEPLOY = f'''
-import sys
-sys.path.insert(0, {str(REPO_ROOT)!r})
-
-from pyinfra import host
-from pyinfra.operations import files
-
-from models.validate import load_deployment
-from operations import plan as planning, runtime
-from operations.layout import Layout
-
-deployment = load_deployment(host)
-settings = deployment.settings
-layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
-build = planning.resolve_build(deployment, host.name)
-venv_plan = planning.vllm_venv_plan(deployment, host.name, build, layout)
-files.directory(name="heavylift folders", path=layout.deployment_dir)
-runtime.uv(name="uv", path=layout.uv, version=settings.uv_version, wheelhouse=settings.vllm.wheelhouse_upload)
-runtime.vllm_runtime(deployment, layout, build, venv_plan)
-'''
+DEPLOY = REPO_ROOT / "testbed" / "runtime_deploy.py"
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +44,7 @@ def site(testbed_factory, tmp_path_factory):
     build_wheel(wheelhouse, "torch", "2.14.0")
     index.start()
     bed = testbed_factory(["rt1"])
-    inventory, deploy = folder / "site.py", folder / "runtime_deploy.py"
-    deploy.write_text(DEPLOY)
+    inventory, deploy = folder / "site.py", DEPLOY
 
     def write(vllm, **overrides):
         data = {"model": "tiny-llama", "root": ROOT, "vllm": {"index_url": f"{index.url}/pypi/", **vllm}, **overrides}
