@@ -259,3 +259,28 @@ def test_patch_series_checked_against_the_wheel(index, pypi, tmp_path, monkeypat
     missing = write_patch(tmp_path, "04-missing.patch", "a", "b", path="vllm/not_there.py")
     with pytest.raises(vllm_build.PatchDoesNotApply, match="file vllm/not_there.py: not in this build"):
         vllm_build.check_patch_series(build, [missing])
+
+
+# --- offline: a wheelhouse and nothing else ---------------------------------------------------------
+
+
+def test_wheelhouse_install_makes_no_index_request(index, uv_env, tmp_path):
+    from testbed.wheel_index import build_wheel
+
+    wheelhouse = tmp_path / "wheelhouse"
+    build_wheel(wheelhouse, "vllm", "0.34.0", requires=("torch==2.14.0",))
+    build_wheel(wheelhouse, "torch", "2.14.0")
+    # every index is a closed loopback port, and the loopback index counts any request it gets
+    blocked = {**uv_env, "UV_INDEX_URL": "http://127.0.0.1:9/simple/", "UV_EXTRA_INDEX_URL": f"{index.url}/pypi/"}
+    seen = len(index.requests)
+    build = vllm_build.resolve(request(version="0.34.0", wheelhouse="/srv/wheels"))  # no resolution request either
+    assert seen == len(index.requests)
+    spec = {**runtime.venv_spec(request(version="0.34.0"), [build.requirement]), **vllm_build.install_options(build),
+            "wheelhouse": str(wheelhouse)}
+    ours, installed = uv_install(blocked, tmp_path, runtime.install_arguments(spec))
+    assert ours.returncode == 0, ours.stderr
+    assert (installed["vllm"], installed["torch"]) == ("0.34.0", "2.14.0")
+    assert index.requests[seen:] == []
+    # without the wheelhouse the same install has nowhere to go
+    naive, _ = uv_install({**blocked, "UV_EXTRA_INDEX_URL": ""}, tmp_path, ["--offline", "vllm==0.34.0"])
+    assert naive.returncode != 0
