@@ -160,7 +160,7 @@ CLI_CASES = [
     Case(
         "unknown key in host data",
         set_("prot", 8001),
-        ("host '@local': unknown key 'prot' (did you mean 'port'?); allowed keys: bind_address,",
+        ("host '@local': unknown key 'prot' (did you mean 'port'?); allowed keys: api_key, benchmark_tokens, bind_address,",
          "Fix: rename 'prot' to 'port' in {inventory}."),
     ),
     Case(
@@ -422,7 +422,7 @@ HOST_CASES = [
     (set_("version", "0.34.0"),
      "site.py, host 'gpu1': unknown key 'version' (did you mean 'vllm.version'?)"),
     (set_("vllm_version", "0.34.0"),
-     "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: bind_address, deployment, "),
+     "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: api_key, benchmark_tokens, bind_address, deployment, "),
     (set_vllm("pacakge", "vllm"),
      "unknown key 'vllm.pacakge' in 'vllm' (did you mean 'vllm.package'?); allowed keys: exclude_packages, "
      "extra_packages, find_links, index_url, package, python, version. Fix: rename 'pacakge' to 'package' in site.py."),
