@@ -178,7 +178,7 @@ if manager == "systemd":
         deployment=plan.deployment,
         repo=plan.snapshot.repo,
         commit=plan.snapshot.commit,
-        user=user,
+        service_user=user,
         env_file=layout.env_file,
         launcher=layout.service_launcher,
         probe_script=layout.probe_script,

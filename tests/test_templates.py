@@ -70,7 +70,7 @@ def test_release_launcher_runs_its_own_venv_and_overlay_from_any_folder(tmp_path
 
 
 UNIT = dict(
-    deployment="demo", repo="org/m", commit="0" * 40, user="heavylift", probe_script="/opt/heavylift/lib/readiness_probe.py",
+    deployment="demo", repo="org/m", commit="0" * 40, service_user="heavylift", probe_script="/opt/heavylift/lib/readiness_probe.py",
     health_url="http://127.0.0.1:8000", timeout_start=3600, timeout_stop=60, restart_sec=10, restart_backoff=False,
     restart_max_delay=300, limit_nofile=1048576,
 )

@@ -83,8 +83,9 @@ def exited(source):
             ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", value], capture_output=True, text=True
         ).stdout
         states = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
-        # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed
-        return states.get("ActiveState") in ("failed", "inactive") or states.get("SubState") == "auto-restart"
+        # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
+        # Not "inactive": right after `systemctl start --no-block` the job may not have begun yet.
+        return states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
     if kind == "pidfile":
         pid = main_pid(source)
         if pid is None:
