@@ -230,6 +230,31 @@ def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
     status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
     assert status["release"] == good and status["healthy"] and status["rolled_back_from"] != good
     print(f"\nsecond run blocked in {blocked_seconds:.1f} s; rollback re-gated, load {status['load_seconds']} s")
+    print("\n".join(line for line in (blocked.output + output).splitlines()
+                    if re.search(r"locked by|rolling back|rolled back|no-such-vllm-flag|report:", line))[:3000])
+
+
+def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):
+    """The other way a release cannot start: an overlay config vLLM refuses (an unknown architecture)."""
+    import shutil
+
+    host = site["host"]
+    good = current_release(host)
+    catalog = tmp_path / "catalog"
+    shutil.copytree(REPO_ROOT / "models", catalog, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    entry = catalog / "tiny-llama.yaml"
+    entry.write_text(entry.read_text() + "config_patch:\n  reason: test\n  config_json:\n    set:\n"
+                     "      architectures: [NoSuchModelForCausalLM]\n")
+    site["write"]()  # the good arguments again: only the overlay differs from the good release
+    started = time.monotonic()
+    failed = run_pyinfra(site["inventory"], env={**SECRET_ENV, "HEAVYLIFT_CATALOG": str(catalog)})
+    site["outputs"].append(failed.output)
+    assert failed.returncode != 0
+    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in failed.output, failed.output[-5000:]
+    assert "NoSuchModelForCausalLM" in failed.output  # vLLM's complaint, from the log tail
+    assert current_release(host) == good
+    assert complete()["choices"][0]["text"] is not None
+    print(f"\nfailed patch rolled back in {time.monotonic() - started:.0f} s")
 
 
 def test_no_secret_in_output_argv_or_readable_files(site):
