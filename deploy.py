@@ -27,7 +27,12 @@ from pyinfra.api.util import get_template
 from pyinfra.operations import files, server
 
 from models.errors import HeavyliftConfigError
-from models.validate import load_deployment
+from models.validate import DataSources, load_deployment, origin_of
+
+
+def data_origin(host, key):
+    """The file (or --data) a host's data key came from, for messages."""
+    return origin_of(host, key, DataSources.from_cli()).label
 from operations import checkpoint, hostlock, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, argument_lines, make_plan, quoted
@@ -38,11 +43,13 @@ try:
     # the HF token and API key, read on the control machine (env:NAME or file:PATH), kept as SecretStr
     secret_env = secrets.resolve(deployment.settings)
 except secrets.SecretSourceError as error:
-    raise HeavyliftConfigError(f"host '{host.name}': {error} No host was changed.") from None
+    raise HeavyliftConfigError(f"{data_origin(host, error.field)}, host '{host.name}': {error} No host was changed.") from None
 
 # 2. resolve: pinned revision (lock file), file list, the host's GPUs x the model's features x the
 #    vLLM version through the compatibility rules -> patched configs, vLLM arguments, or a refusal
 gpus = host.get_fact(NvidiaGpus)
+# the site's GPU selection against tensor parallelism and the host's GPUs, before any change
+cuda_devices = service.gpu_selection(deployment, gpus, f"{data_origin(host, 'gpus')}, host '{host.name}'")
 try:
     plan = make_plan(deployment, host.name, gpus)
 except RefusedError as refusal:
@@ -54,7 +61,6 @@ for rule in plan.resolution.fired:
     logger.info(f"{host.print_prefix}rule {rule.id}: {rule.title}: {'; '.join(rule.changes) or 'no change'}")
 for warning in plan.resolution.warnings:
     logger.warning(f"{host.print_prefix}{warning}")
-cuda_devices = service.gpu_selection(deployment, gpus)
 
 # one run at a time per host: a second run stops here, naming the holder (operations/hostlock.py)
 # pyinfra keeps no record of --dry where deploy code sees it; a dry run only looks at the lock

@@ -33,6 +33,10 @@ SECRET_ENV = {"hf_token": "HF_TOKEN", "api_key": "VLLM_API_KEY"}
 class SecretSourceError(ValueError):
     """A secret the inventory names cannot be read on the control machine."""
 
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
 
 def read_secret(field: str, source: str, cwd: str | os.PathLike | None = None) -> SecretStr:
     kind, _, where = source.partition(":")
@@ -41,7 +45,7 @@ def read_secret(field: str, source: str, cwd: str | os.PathLike | None = None) -
         if not value:
             raise SecretSourceError(
                 f"field {field!r}: the environment variable {where} is not set on the control machine. "
-                f"Fix: export {where}=... before running pyinfra, or point {field} at a file (\"file:/path\")."
+                f"Fix: export {where}=... before running pyinfra, or point {field} at a file (\"file:/path\").", field
             )
     else:
         path = Path(where).expanduser()
@@ -53,14 +57,14 @@ def read_secret(field: str, source: str, cwd: str | os.PathLike | None = None) -
         except OSError as error:
             raise SecretSourceError(
                 f"field {field!r}: cannot read {path} on the control machine ({error.strerror}). "
-                f"Fix: create it with the secret on one line (chmod 600), or point {field} at another file."
+                f"Fix: create it with the secret on one line (chmod 600), or point {field} at another file.", field
             ) from None
         if not value:
-            raise SecretSourceError(f"field {field!r}: {path} is empty. Fix: put the secret in it on one line.")
+            raise SecretSourceError(f"field {field!r}: {path} is empty. Fix: put the secret in it on one line.", field)
         if mode & stat.S_IROTH:
             logger.warning(f"{field}: {path} is readable by every user of the control machine (chmod 600 it)")
     if any(c.isspace() for c in value):
-        raise SecretSourceError(f"field {field!r}: the secret from {source} contains whitespace. Fix: one token, one line.")
+        raise SecretSourceError(f"field {field!r}: the secret from {source} contains whitespace. Fix: one token, one line.", field)
     return SecretStr(value)
 
 

@@ -173,7 +173,7 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
         host.noop(f"{launcher} is running (pidfile {pidfile}) and nothing it depends on changed")
 
 
-def gpu_selection(deployment, gpus) -> str | None:
+def gpu_selection(deployment, gpus, where: str = "") -> str | None:
     """CUDA_VISIBLE_DEVICES for the site's ``gpus``, checked against tensor parallelism and the host.
 
     Two deployments share a host on disjoint GPUs by naming them; vLLM then sees only those,
@@ -187,14 +187,14 @@ def gpu_selection(deployment, gpus) -> str | None:
     tp = deployment.tensor_parallel_size
     if len(chosen) != tp:
         raise HeavyliftConfigError(
-            f"deployment '{deployment.name}': field 'gpus' names {len(chosen)} GPUs ({chosen}) but tensor_parallel_size is {tp}. "
+            f"{where or deployment.name}: field 'gpus' names {len(chosen)} GPUs ({chosen}) but tensor_parallel_size is {tp}. "
             f"Fix: name exactly {tp} GPUs, or set tensor_parallel_size to {len(chosen)}. No host was changed."
         )
     count = gpus.count if gpus is not None else 0
     # a host without nvidia-smi (the CPU demo) has no GPUs to check against
     if count and max(chosen) >= count:
         raise HeavyliftConfigError(
-            f"deployment '{deployment.name}': field 'gpus' names GPU {max(chosen)} but the host has {count} GPUs "
+            f"{where or deployment.name}: field 'gpus' names GPU {max(chosen)} but the host has {count} GPUs "
             f"(0-{count - 1}). Fix: name GPUs the host has. No host was changed."
         )
     return ",".join(str(index) for index in chosen)

@@ -269,12 +269,34 @@ CLI_CASES = [
         ("{inventory}, host '@local': field 'deployment':", "is not a valid deployment name", "Fix: "),
     ),
     Case(
+        "plain API key in the inventory",
+        set_("api_key", "sk-PLAINSECRET-4242"),
+        ("{inventory}, host '@local': field 'api_key': is not 'env:NAME' or 'file:PATH'; a secret never goes into the "
+         "inventory in plain text", "Fix: set api_key to \"env:VLLM_API_KEY\""),
+    ),
+    Case(
+        "HF token from an unset environment variable",
+        set_("hf_token", "env:HEAVYLIFT_UNSET_TOKEN_VAR"),
+        ("{inventory}, host '@local': field 'hf_token': the environment variable HEAVYLIFT_UNSET_TOKEN_VAR is not set "
+         "on the control machine.", "Fix: export HEAVYLIFT_UNSET_TOKEN_VAR=..."),
+    ),
+    Case(
+        "more GPUs than tensor-parallel ranks",
+        set_("gpus", [0, 1]),
+        ("{inventory}, host '@local': field 'gpus' names 2 GPUs ([0, 1]) but tensor_parallel_size is 1.",
+         "Fix: name exactly 1 GPUs"),
+    ),
+    Case(
         "stops before the first change",
         set_("port", 70000),
         ("field 'port'",),
         deploy=VALIDATE_THEN_CHANGE,
     ),
 ]
+
+
+def test_a_plain_secret_is_never_repeated(cli_runs):
+    assert "PLAINSECRET" not in cli_runs["plain API key in the inventory"].output
 
 
 @pytest.fixture(scope="module")
