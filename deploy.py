@@ -17,24 +17,39 @@ sys.path.insert(0, str(HERE))
 TEMPLATES = HERE / "templates"
 
 import json
+import shlex
 from io import StringIO
 
+from pydantic import SecretStr
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, QuoteString
-from pyinfra.operations import files
+from pyinfra.api.util import get_template
+from pyinfra.operations import files, server
 
 from models.errors import HeavyliftConfigError
-from models.validate import load_deployment
-from operations import checkpoint, readiness, runtime, service, weights
+from models.validate import DataSources, load_deployment, origin_of
+
+
+def data_origin(host, key):
+    """The file (or --data) a host's data key came from, for messages."""
+    return origin_of(host, key, DataSources.from_cli()).label
+from operations import checkpoint, hostlock, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, argument_lines, make_plan, quoted
 
 # 1. validate: a bad key or value stops the run here, before any host changes
 deployment = load_deployment(host)
+try:
+    # the HF token and API key, read on the control machine (env:NAME or file:PATH), kept as SecretStr
+    secret_env = secrets.resolve(deployment.settings)
+except secrets.SecretSourceError as error:
+    raise HeavyliftConfigError(f"{data_origin(host, error.field)}, host '{host.name}': {error} No host was changed.") from None
 
 # 2. resolve: pinned revision (lock file), file list, the host's GPUs x the model's features x the
 #    vLLM version through the compatibility rules -> patched configs, vLLM arguments, or a refusal
 gpus = host.get_fact(NvidiaGpus)
+# the site's GPU selection against tensor parallelism and the host's GPUs, before any change
+cuda_devices = service.gpu_selection(deployment, gpus, f"{data_origin(host, 'gpus')}, host '{host.name}'")
 try:
     plan = make_plan(deployment, host.name, gpus)
 except RefusedError as refusal:
@@ -46,6 +61,12 @@ for rule in plan.resolution.fired:
     logger.info(f"{host.print_prefix}rule {rule.id}: {rule.title}: {'; '.join(rule.changes) or 'no change'}")
 for warning in plan.resolution.warnings:
     logger.warning(f"{host.print_prefix}{warning}")
+
+# one run at a time per host: a second run stops here, naming the holder (operations/hostlock.py)
+# pyinfra keeps no record of --dry where deploy code sees it; a dry run only looks at the lock
+lock_said = hostlock.take(host, plan.layout.lock, dry="--dry" in sys.argv)
+if lock_said.startswith(("recovered", "another run")):
+    logger.warning(f"{host.print_prefix}{lock_said}")
 
 # 3. runtime: uv, then a venv per build that is never changed after it is checked
 files.directory(name="heavylift folders", path=layout.deployment_dir)
@@ -107,30 +128,52 @@ rendered_configs = [
     for filename, text in plan.rendered.items()
 ]
 
-# 6. service: one launcher for both systemd and the fallback supervisor
-launcher = files.template(
-    name="vLLM launcher",
-    src=str(TEMPLATES / "serve.sh.j2"),
-    dest=layout.launcher,
-    mode="755",
+# 6. service: a release (venv, overlay, launcher) switched in by a link; systemd or the fallback
+#    supervisor runs <deployment>/current/serve as the service user; restart only on change
+settings = deployment.settings
+user = settings.service_user
+files.put(name="readiness probe script", src=str(HERE / "operations" / "scripts" / readiness.PROBE_SCRIPT),
+          dest=layout.probe_script)
+server.user(name=f"service user {user}", user=user, system=True, home=layout.service_home,
+            shell="/usr/sbin/nologin", ensure_home=False)
+# the one folder the service may write (vLLM and torch caches); root owns everything else
+files.directory(name="service user home", path=layout.service_home, user=user, group=user, mode="750")
+launcher_env = dict(plan.env)
+if cuda_devices is not None:
+    launcher_env["CUDA_VISIBLE_DEVICES"] = cuda_devices
+launcher_text = get_template(str(TEMPLATES / "serve.sh.j2")).render(
     deployment=plan.deployment,
     repo=plan.snapshot.repo,
     commit=plan.snapshot.commit,
     env_file=layout.env_file,
-    command_lines=argument_lines(plan.launcher_args),
+    relative=True,
+    env_lines=[f"{key}={shlex.quote(value)}" for key, value in sorted(launcher_env.items())],
+    command_lines=release.launcher_lines(
+        [*plan.launcher_args, "--shutdown-timeout", str(settings.shutdown_timeout)],
+        {layout.active_venv: "venv", layout.overlay: "overlay"},
+    ),
 )
+release_id = release.release_id(
+    plan.vllm_venv.path, launcher_text,
+    {"content": content_dir, "rendered": plan.rendered, "links": plan.link_names},
+)
+launcher = files.put(name="vLLM launcher", src=StringIO(launcher_text), dest=layout.launcher, mode="755")
 files.directory(name="private folder (0700)", path=layout.private_dir, mode="700")
-env_file = files.template(
-    name="vLLM environment",
-    src=str(TEMPLATES / "serve.env.j2"),
-    dest=layout.env_file,
-    mode="600",
-    deployment=plan.deployment,
-    env={key: quoted([value])[0] for key, value in plan.env.items()},
+env_file = secrets.env_file(
+    name="vLLM secrets (0600, never shown)",
+    path=layout.env_file,
+    content=SecretStr(secrets.render_env_file(str(TEMPLATES / "serve.env.j2"), plan.deployment, secret_env)),
 )
-stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file]
+files.directory(name="releases folder", path=layout.releases)
+release.staged(
+    name=f"release {release_id}", release_dir=layout.release(release_id),
+    launcher=layout.launcher, overlay=layout.overlay, venv=plan.vllm_venv.path,
+)
+switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=release_id)
+stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file, switched]
+stop_grace = settings.shutdown_timeout + 30  # vLLM drains for --shutdown-timeout, then exits
 
-manager = deployment.settings.service_manager
+manager = settings.service_manager
 if manager == "auto":
     manager = "systemd" if host.get_fact(service.InitSystem) == "systemd" else "fallback"
 if manager == "systemd":
@@ -141,25 +184,39 @@ if manager == "systemd":
         deployment=plan.deployment,
         repo=plan.snapshot.repo,
         commit=plan.snapshot.commit,
+        service_user=user,
         env_file=layout.env_file,
-        launcher=layout.launcher,
-        timeout_start=plan.readiness_timeout,
+        launcher=layout.service_launcher,
+        probe_script=layout.probe_script,
+        health_url=plan.probe_url,
+        timeout_start=settings.start_timeout or plan.readiness_timeout,
+        timeout_stop=stop_grace,
+        restart_sec=settings.restart_delay,
+        restart_backoff=host.get_fact(service.SystemdVersion) >= service.RESTART_BACKOFF_SINCE,
+        restart_max_delay=settings.restart_max_delay,
+        limit_nofile=settings.limit_nofile,
     )
-    service.systemd_unit(
+    service_op = service.systemd_unit(
         name=f"service {layout.unit_name}", unit=layout.unit_name,
         dependencies=[*stale_when_changed, unit_file], unit_file_op=unit_file,
     )
     log_command = StringCommand("journalctl", "-u", QuoteString(layout.unit_name), "-n", "40", "--no-pager")
-    pidfile = None  # systemd restarts a crashed unit itself (Restart=on-failure)
+    pid_source = f"systemd:{layout.unit_name}"
+    restart = service.systemd_restart(layout.unit_name)
 else:
-    service.daemon(
-        name="service (start-stop-daemon)", launcher=layout.launcher, env_file=layout.env_file,
+    service_op = service.daemon(
+        name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
         pidfile=layout.pidfile, logfile=layout.logfile, dependencies=stale_when_changed,
+        grace_seconds=stop_grace, user=user, home=layout.service_home,
     )
     log_command = StringCommand("tail", "-n", "40", QuoteString(layout.logfile))
-    pidfile = layout.pidfile
+    pid_source = f"pidfile:{layout.pidfile}"
+    restart = service.daemon_restart(
+        layout.service_launcher, layout.env_file, layout.pidfile, layout.logfile, stop_grace, user, layout.service_home,
+    )
 
-# 7. readiness: /health, then one real completion; prints the endpoint
+# 7. readiness gate after every (re)start: /health, a completion, a short decode benchmark;
+#    figures into status.json and the report line; a failed gate rolls back to the previous release
 readiness.serving(
     name="vLLM ready",
     url=plan.probe_url,
@@ -167,5 +224,22 @@ readiness.serving(
     endpoint=plan.endpoint,
     budget_seconds=plan.readiness_timeout,
     log_command=log_command,
-    pidfile=pidfile,
+    gate=readiness.Gate(
+        probe_script=layout.probe_script,
+        pid_source=pid_source,
+        env_file=layout.env_file,
+        status_file=layout.status_file,
+        benchmark_tokens=settings.benchmark_tokens,
+        meta={
+            "deployment": plan.deployment,
+            "release": release_id,
+            "vllm": f"{settings.vllm.package} {settings.vllm.version}",
+            "model": f"{plan.snapshot.repo}@{plan.snapshot.commit}",
+            "endpoint": plan.endpoint,
+        },
+    ),
+    dependencies=[*stale_when_changed, service_op],
+    rollback=readiness.Rollback(
+        current_link=layout.current, previous_link=layout.previous, releases_dir=layout.releases, restart=tuple(restart),
+    ),
 )

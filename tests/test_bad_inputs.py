@@ -160,7 +160,7 @@ CLI_CASES = [
     Case(
         "unknown key in host data",
         set_("prot", 8001),
-        ("host '@local': unknown key 'prot' (did you mean 'port'?); allowed keys: bind_address,",
+        ("host '@local': unknown key 'prot' (did you mean 'port'?); allowed keys: api_key, benchmark_tokens, bind_address,",
          "Fix: rename 'prot' to 'port' in {inventory}."),
     ),
     Case(
@@ -269,12 +269,34 @@ CLI_CASES = [
         ("{inventory}, host '@local': field 'deployment':", "is not a valid deployment name", "Fix: "),
     ),
     Case(
+        "plain API key in the inventory",
+        set_("api_key", "sk-PLAINSECRET-4242"),
+        ("{inventory}, host '@local': field 'api_key': is not 'env:NAME' or 'file:PATH'; a secret never goes into the "
+         "inventory in plain text", "Fix: set api_key to \"env:VLLM_API_KEY\""),
+    ),
+    Case(
+        "HF token from an unset environment variable",
+        set_("hf_token", "env:HEAVYLIFT_UNSET_TOKEN_VAR"),
+        ("{inventory}, host '@local': field 'hf_token': the environment variable HEAVYLIFT_UNSET_TOKEN_VAR is not set "
+         "on the control machine.", "Fix: export HEAVYLIFT_UNSET_TOKEN_VAR=..."),
+    ),
+    Case(
+        "more GPUs than tensor-parallel ranks",
+        set_("gpus", [0, 1]),
+        ("{inventory}, host '@local': field 'gpus' names 2 GPUs ([0, 1]) but tensor_parallel_size is 1.",
+         "Fix: name exactly 1 GPUs"),
+    ),
+    Case(
         "stops before the first change",
         set_("port", 70000),
         ("field 'port'",),
         deploy=VALIDATE_THEN_CHANGE,
     ),
 ]
+
+
+def test_a_plain_secret_is_never_repeated(cli_runs):
+    assert "PLAINSECRET" not in cli_runs["plain API key in the inventory"].output
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +444,7 @@ HOST_CASES = [
     (set_("version", "0.34.0"),
      "site.py, host 'gpu1': unknown key 'version' (did you mean 'vllm.version'?)"),
     (set_("vllm_version", "0.34.0"),
-     "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: bind_address, deployment, "),
+     "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: api_key, benchmark_tokens, bind_address, deployment, "),
     (set_vllm("pacakge", "vllm"),
      "unknown key 'vllm.pacakge' in 'vllm' (did you mean 'vllm.package'?); allowed keys: exclude_packages, "
      "extra_packages, find_links, index_url, nightly, package, patches, python, variant, version, wheel_index, wheelhouse, "

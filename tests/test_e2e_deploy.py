@@ -143,7 +143,7 @@ def test_dry_diff_shows_config_patch_and_unit(site, tmp_path):
     assert dry.returncode == 0, dry.output[-4000:]
     assert re.search(r'^\s*-\s+"max_position_embeddings": 2048,$', dry.output, re.M), dry.output[-6000:]
     assert re.search(r'^\s*\+\s+"max_position_embeddings": 1024,$', dry.output, re.M), dry.output[-6000:]
-    assert "ExecStart=/opt/heavylift/deployments/tiny-llama/serve" in dry.output, dry.output[-6000:]
+    assert "ExecStart=/opt/heavylift/deployments/tiny-llama/current/serve" in dry.output, dry.output[-6000:]
     assert bed["host1"].run(f"cat {overlay_config}").stdout == before
     assert bed["host1"].run("test -e /etc/systemd/system/heavylift-tiny-llama.service").returncode != 0
 

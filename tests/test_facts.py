@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -37,7 +38,7 @@ def test_every_fact_has_cases():
     from pyinfra.api import FactBase
 
     folders = {p.name for p in (Path(__file__).parent / "facts").iterdir() if p.is_dir()}
-    for module_name in ("runtime", "weights", "checkpoint", "service", "readiness"):
+    for module_name in ("runtime", "weights", "checkpoint", "service", "readiness", "release", "secrets"):
         module = import_module(f"operations.{module_name}")
         for name, value in vars(module).items():
             if isinstance(value, type) and issubclass(value, FactBase) and value.__module__ == module.__name__:
@@ -176,7 +177,10 @@ def test_daemon_running_live(local_host, odd_dir):
 
 
 class FakeVllm(BaseHTTPRequestHandler):
+    """/health open; /v1/completions only with the key (as vLLM with VLLM_API_KEY); streams when asked."""
+
     requests: list = []
+    key = "sk-live-test"
 
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
@@ -185,6 +189,20 @@ class FakeVllm(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         FakeVllm.requests.append((self.path, body))
+        if self.headers.get("Authorization") != f"Bearer {FakeVllm.key}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for index in range(body["max_tokens"]):
+                self.wfile.write(f"data: {json.dumps({'choices': [{'text': f' t{index}'}]})}\n\n".encode())
+                self.wfile.flush()
+            usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
+            self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            return
         reply = json.dumps({"choices": [{"text": " Paris."}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -196,21 +214,34 @@ class FakeVllm(BaseHTTPRequestHandler):
         pass
 
 
-def test_serving_probe_live(local_host, python3_on_path):
+PROBE_SCRIPT = str(Path(__file__).resolve().parent.parent / "operations" / "scripts" / "readiness_probe.py")
+
+
+def test_serving_probe_live(local_host, python3_on_path, tmp_path):
+    env_file = tmp_path / "private dir" / "serve.env"
+    env_file.parent.mkdir()
+    env_file.write_text(f"# secrets\nHF_TOKEN=hf_x\nVLLM_API_KEY='{FakeVllm.key}'\n")
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
+    FakeVllm.requests = []
     try:
-        probe = local_host.get_fact(ServingProbe, url=url, model="org/it's model")
+        probe = local_host.get_fact(ServingProbe, url=url, model="org/it's model", probe_script=PROBE_SCRIPT,
+                                    env_file=str(env_file), benchmark_tokens=8)
+        no_key = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT)
     finally:
         server.shutdown()
         server.server_close()
     assert (probe["healthy"], probe["completion"], probe["error"]) == (True, " Paris.", None)
-    assert FakeVllm.requests == [("/v1/completions", {
+    assert probe["benchmark_tokens"] == 8 and probe["ttft_seconds"] >= 0 and probe["tokens_per_second"] > 0
+    assert FakeVllm.requests[0] == ("/v1/completions", {
         "model": "org/it's model", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
-    })]
+    })
+    assert FakeVllm.requests[1][1]["stream"] is True and FakeVllm.requests[1][1]["ignore_eos"] is True
+    # without the key vLLM refuses the completion: not serving, and the error says why
+    assert no_key["healthy"] is True and no_key["completion"] is None and "401" in no_key["error"]
     # the port is closed now: one look, no waiting (budget 0)
-    probe = local_host.get_fact(ServingProbe, url=url, model="m")
+    probe = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT)
     assert probe["healthy"] is False and probe["completion"] is None
     assert probe["error"].startswith("/health: ")

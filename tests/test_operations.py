@@ -21,6 +21,8 @@ from operations import checkpoint, readiness, runtime, service
 from operations.checkpoint import FolderLinks, PatchError, apply_patch
 from operations.runtime import CompleteVenv
 
+PROBE_SCRIPT = __import__("pathlib").Path(readiness.__file__).parent / "scripts" / readiness.PROBE_SCRIPT
+
 if "pyinfra_fixtures" not in sys.modules:  # its asserts explain themselves
     pytest.register_assert_rewrite("pyinfra_fixtures")
 
@@ -40,7 +42,7 @@ def test_every_operation_has_cases():
     from pathlib import Path
 
     folders = {p.name for p in (Path(__file__).parent / "operations").iterdir() if p.is_dir()}
-    for module_name in ("runtime", "weights", "checkpoint", "service", "readiness"):
+    for module_name in ("runtime", "weights", "checkpoint", "service", "readiness", "release", "secrets"):
         module = import_module(f"operations.{module_name}")
         for name, value in vars(module).items():
             if callable(value) and hasattr(value, "_inner") and inspect.getmodule(value._inner) is module:
@@ -141,36 +143,81 @@ class ShellHost:
 
 
 URL, LOG = "http://127.0.0.1:8000", "tail -n 40 '/var/log/heavy lift/kimi.log'"
+GATE = readiness.Gate(
+    probe_script="/opt/heavylift/lib/readiness_probe.py", pid_source="pidfile:/run/k.pid", env_file="/p/serve.env",
+    status_file="/d/status.json", benchmark_tokens=16,
+    meta={"deployment": "kimi", "release": "new000000000", "vllm": "vllm 0.34.0", "model": "org/m@" + "a" * 40},
+)
+ROLLBACK = readiness.Rollback(
+    current_link="/d/current", previous_link="/d/previous", releases_dir="/d/releases",
+    restart=(StringCommand("restart-it"),),
+)
+READY = {"healthy": True, "completion": " Paris.", "error": None, "health_seconds": 42.5, "completion_seconds": 0.3,
+         "load_seconds": 44.0, "ttft_seconds": 0.05, "tokens_per_second": 120.5, "benchmark_tokens": 16}
 
 
-def test_wait_until_ready_logs_endpoint_and_completion(caplog):
-    answer = {"healthy": True, "completion": " Paris.", "error": None, "health_seconds": 42.5, "completion_seconds": 0.3}
-    host = ShellHost([(True, json.dumps(answer), "")])
+def test_wait_until_ready_logs_endpoint_completion_and_report(caplog):
+    host = ShellHost([(True, json.dumps(READY), "")])
     with caplog.at_level("INFO", logger="pyinfra"):
-        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", LOG)
-    assert host.commands == [readiness.probe_command(URL, "kimi-k2", 1800).get_raw_value()]
-    assert host.commands[0].endswith(" http://127.0.0.1:8000 kimi-k2 1800")
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", LOG, GATE)
+    assert host.commands == [readiness.probe_command(URL, "kimi-k2", 1800, GATE, write_status=True).get_raw_value()]
+    # the key is read on the host from the env file: only its path is in the command
+    assert "--env-file /p/serve.env --benchmark 16 --status-file /d/status.json --write-status --meta" in host.commands[0]
     assert caplog.messages == [
-        "[gpu1] vLLM healthy after 42.5 s; serving kimi-k2 at http://gpu1:8000/v1; completion in 0.3 s: ' Paris.'"
+        "[gpu1] vLLM healthy after 42.5 s; serving kimi-k2 at http://gpu1:8000/v1; completion in 0.3 s: ' Paris.'",
+        f"[gpu1] report: deployment kimi release new000000000 vLLM vllm 0.34.0 model org/m@{'a' * 40} endpoint "
+        "http://gpu1:8000/v1 health ok load 44.0 s ttft 0.05 s decode 120.5 tok/s",
     ]
 
 
-def test_wait_until_ready_fails_with_the_log():
+def test_wait_until_ready_fails_with_the_log_when_there_is_no_previous_release():
     answer = {"healthy": False, "completion": None, "error": "/health: timed out", "health_seconds": 1800.1}
-    host = ShellHost([(True, json.dumps(answer), ""), (True, "INFO loading\nERROR CUDA out of memory", "")])
+    host = ShellHost([(True, json.dumps(answer), ""), (True, "INFO loading\nERROR CUDA out of memory", ""), (True, "", "")])
     with pytest.raises(OperationError) as raised:
-        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG))
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG), GATE, ROLLBACK)
     assert str(raised.value) == (
         "vLLM at http://127.0.0.1:8000 is not ready (/health: timed out; waited 1800.1 of 1800 s).\n"
         "Last lines of its log:\nINFO loading\nERROR CUDA out of memory"
     )
-    assert host.commands[1] == LOG
+    assert host.commands[1:] == [LOG, "readlink /d/previous"]
+
+
+def test_failed_gate_rolls_back_restarts_gates_again_and_fails_the_run(caplog):
+    failed = {"healthy": False, "completion": None, "error": "vLLM exited while loading (pidfile:/run/k.pid)", "health_seconds": 8.0}
+    host = ShellHost([
+        (True, json.dumps(failed), ""),
+        (True, "vllm: error: unrecognized arguments: --bogus", ""),
+        (True, "releases/old000000000", ""),
+        (True, "", ""), (True, "", ""), (True, "", ""),  # ln, mv, restart
+        (True, json.dumps(READY), ""),
+    ])
+    with caplog.at_level("INFO", logger="pyinfra"), pytest.raises(OperationError) as raised:
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG), GATE, ROLLBACK)
+    assert host.commands[3:6] == [
+        "ln -sfn /d/releases/old000000000 /d/current.new", "mv -T /d/current.new /d/current", "restart-it",
+    ]
+    # the second gate records the release it went back to, and the one that failed
+    meta = json.loads(shlex.split(host.commands[6])[-1])
+    assert meta["release"] == "old000000000" and meta["rolled_back_from"] == "new000000000"
+    message = str(raised.value)
+    assert message.startswith("release new000000000 failed its readiness gate and was rolled back: release old000000000 "
+                              "serves kimi-k2 at http://gpu1:8000/v1 again (healthy after 42.5 s).")
+    assert "unrecognized arguments: --bogus" in message
+    assert any("rolling back to release old000000000" in m for m in caplog.messages)
+
+
+def test_failed_rollback_says_both():
+    failed = {"healthy": False, "completion": None, "error": "/health: timed out", "health_seconds": 60.0}
+    host = ShellHost([(True, json.dumps(failed), ""), (True, "log", ""), (True, "releases/old000000000", ""),
+                      (True, "", ""), (True, "", ""), (True, "", ""), (True, json.dumps(failed), "")])
+    with pytest.raises(OperationError, match="Rolled back to release old000000000, which is not ready either"):
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 60, "e", StringCommand(LOG), GATE, ROLLBACK)
 
 
 def test_wait_until_ready_probe_failed_reports_stderr():
     host = ShellHost([(False, "", "python3: not found"), (True, "", "")])
     with pytest.raises(OperationError, match=r"not ready \(python3: not found; waited \? of 60 s\)"):
-        readiness._wait_until_ready(None, host, URL, "kimi-k2", 60, "e", LOG)
+        readiness._wait_until_ready(None, host, URL, "kimi-k2", 60, "e", LOG, GATE)
 
 
 def test_wait_until_ready_accepts_an_empty_completion():
@@ -178,7 +225,7 @@ def test_wait_until_ready_accepts_an_empty_completion():
     the ServingProbe fact counts it as serving (`completion is not None`), so the wait must too."""
     answer = {"healthy": True, "completion": "", "error": None, "health_seconds": 3.0, "completion_seconds": 0.1}
     host = ShellHost([(True, json.dumps(answer), "")])
-    readiness._wait_until_ready(None, host, URL, "tiny", 60, "e", LOG)
+    readiness._wait_until_ready(None, host, URL, "tiny", 60, "e", LOG, GATE)
     assert len(host.commands) == 1
 
 
@@ -385,7 +432,8 @@ def test_probe_stops_waiting_when_the_process_exited(tmp_path):
     dead.wait()
     pidfile = tmp_path / "serve.pid"
     pidfile.write_text(f"{dead.pid}\n")
-    command = readiness.probe_command("http://127.0.0.1:9", "m", 600, str(pidfile)).get_raw_value()
+    gate = readiness.Gate(probe_script=str(PROBE_SCRIPT), pid_source=f"pidfile:{pidfile}")
+    command = readiness.probe_command("http://127.0.0.1:9", "m", 600, gate).get_raw_value()
     started = time.monotonic()
     result = json.loads(subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout)
     assert time.monotonic() - started < 30

