@@ -340,7 +340,8 @@ class VllmRuntimeState(FactBase):
 
 
 class VenvFolders(FactBase):
-    """heavylift's venvs under a folder: name -> {"complete": bool, "mtime": int}, and the venvs deployments link to."""
+    """heavylift's venvs under a folder: name -> {"complete": bool, "mtime": int}, and the venvs deployments
+    link to (``<deployment>/venv`` and every kept release's ``releases/<id>/venv``)."""
 
     def command(self, venvs_dir, deployments_dir):
         return StringCommand(
@@ -350,7 +351,9 @@ class VenvFolders(FactBase):
             "echo", '"venv complete $(stat -c %Y "$v.heavylift-venv.json") $v"', ";",
             "else", "echo", '"venv partial $(stat -c %Y "$v") $v"', ";", "fi", ";",
             "done", ";",
-            "for", "l", "in", StringCommand(QuoteString(deployments_dir), "/*/venv", _separator=""), ";", "do",
+            # the deployments' active links and the links of their kept releases (rollback targets)
+            "for", "l", "in", StringCommand(QuoteString(deployments_dir), "/*/venv", _separator=""),
+            StringCommand(QuoteString(deployments_dir), "/*/releases/*/venv", _separator=""), ";", "do",
             "test", "-L", '"$l"', "&&", "echo", '"link $(readlink "$l")"', ";",
             "done", ";", "true",
         )
@@ -377,7 +380,8 @@ def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep
     Remove old vLLM venvs beyond a keep count, and leftovers of failed builds.
 
     + venvs_dir: the folder of venvs (``<root>/venvs``)
-    + deployments_dir: ``<root>/deployments``; a venv any ``<deployment>/venv`` link points at is never removed
+    + deployments_dir: ``<root>/deployments``; a venv any ``<deployment>/venv`` or kept release's
+      ``releases/<id>/venv`` link points at is never removed
     + prefixes: the venv names that count (e.g. ``vllm-``, ``vllm-cpu-``); others are left alone
     + keep: how many complete ones to keep: the protected ones, then the newest (linked ones come on top)
     + protect: venv folders never to remove (the one this run activates, the one it replaces)
