@@ -94,6 +94,11 @@ for script in weights.HOST_SCRIPTS:
     )
 content_dir = layout.content(plan.snapshot.repo, plan.snapshot.commit)
 manifest = layout.manifest(plan.snapshot.repo, plan.snapshot.commit)
+files.directory(name="private folder (0700)", path=layout.private_dir, mode="700")
+hub_token_file = None
+if "HF_TOKEN" in secret_env:  # gated repos: the host's download needs the token too
+    hub_token_file = layout.hub_token_file
+    secrets.env_file(name="Hub token for downloads (0600, never shown)", path=hub_token_file, content=secret_env["HF_TOKEN"])
 # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
 weights.preflight(plan.snapshot, content_dir, manifest, deployment.settings.verify, deployment.settings.disk_margin_gb)
 weights.downloaded(
@@ -109,6 +114,7 @@ weights.downloaded(
     disk_margin_gb=deployment.settings.disk_margin_gb,
     stall_seconds=deployment.settings.download_stall_seconds,
     tries=deployment.settings.download_tries,
+    token_file=hub_token_file,
 )
 
 # 5. checkpoint overlay: links to the pristine files plus the patched, rendered configs
@@ -158,7 +164,6 @@ release_id = release.release_id(
     {"content": content_dir, "rendered": plan.rendered, "links": plan.link_names},
 )
 launcher = files.put(name="vLLM launcher", src=StringIO(launcher_text), dest=layout.launcher, mode="755")
-files.directory(name="private folder (0700)", path=layout.private_dir, mode="700")
 env_file = secrets.env_file(
     name="vLLM secrets (0600, never shown)",
     path=layout.env_file,

@@ -79,6 +79,11 @@ class Layout:
         return posixpath.join(self.private_dir, "serve.env")
 
     @property
+    def hub_token_file(self) -> str:
+        # the HF token for the host's downloads (fetch_weights.py reads it; never in argv)
+        return posixpath.join(self.private_dir, "hub.token")
+
+    @property
     def pidfile(self) -> str:
         return posixpath.join(self.deployment_dir, "run", "serve.pid")
 

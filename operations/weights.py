@@ -221,7 +221,7 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
 @operation()
 def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, script_dir: str,
                endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20,
-               stall_seconds: int = 300, tries: int = 5):
+               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None):
     """
     A pinned Hub snapshot present and verified in ``local_dir``.
 
@@ -238,6 +238,8 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
       byte moves when the files still to fetch do not fit
     + stall_seconds: a download that gets no byte for this long is killed and started again
     + tries: download attempts (stalls and failures) before the operation fails
+    + token_file: a file on the host holding the HF token (gated repos); read by the host script,
+      never passed in argv or the request file
     """
     if verify not in ("fast", "full"):
         raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
@@ -262,6 +264,8 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
         "tries": tries,
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in snapshot.files],
     }
+    if token_file:
+        spec["token_file"] = token_file
     spec_path = manifest.removesuffix(".json") + ".request.json"
     yield from files.put._inner(src=StringIO(json.dumps(spec, indent=1)), dest=spec_path)
     # the script removes a stale manifest before it changes the folder, and writes the new one

@@ -399,3 +399,24 @@ def test_settings_verify_and_disk_margin():
             SiteSettings.model_validate({**base, **bad})
     assert "verify" in SITE_HINTS and "disk_margin_gb" in SITE_HINTS
     assert SiteSettings.model_fields["verify"].description and SiteSettings.model_fields["disk_margin_gb"].description
+
+
+def test_download_child_reads_the_hub_token_from_its_file(tmp_path, monkeypatch):
+    """Gated repos: the token comes from a 0600 file named in the request, never from argv or the request."""
+    import io
+
+    import huggingface_hub
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: calls.append(kwargs))
+    token_file = tmp_path / "hub.token"
+    token_file.write_text("hf_fake_token_for_tests\n")
+    spec = {"repo": "org/m", "commit": "0" * 40, "local_dir": str(tmp_path / "c"), "workers": 2, "endpoint": None}
+    for with_token in (True, False):
+        request = tmp_path / "request.json"
+        request.write_text(json.dumps({**spec, **({"token_file": str(token_file)} if with_token else {})}))
+        monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(["a b.safetensors"])))
+        fetch_weights.download_child(str(request))
+        assert "hf_fake_token_for_tests" not in request.read_text()
+    assert [c["token"] for c in calls] == ["hf_fake_token_for_tests", None]
+    assert calls[0]["allow_patterns"] == ["a b.safetensors"]

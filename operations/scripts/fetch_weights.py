@@ -158,6 +158,10 @@ def download_child(spec_path):
     with open(spec_path) as handle:
         spec = json.load(handle)
     need = json.load(sys.stdin)
+    token = None  # huggingface_hub then reads HF_TOKEN or its own token file, as usual
+    if spec.get("token_file"):
+        with open(spec["token_file"]) as handle:
+            token = handle.read().strip() or None
     from huggingface_hub import snapshot_download
 
     snapshot_download(
@@ -167,6 +171,7 @@ def download_child(spec_path):
         allow_patterns=[glob.escape(name) for name in need],
         max_workers=spec["workers"],
         endpoint=spec.get("endpoint"),
+        token=token,
     )
 
 
