@@ -98,7 +98,12 @@ files.directory(name="private folder (0700)", path=layout.private_dir, mode="700
 hub_token_file = None
 if "HF_TOKEN" in secret_env:  # gated repos: the host's download needs the token too
     hub_token_file = layout.hub_token_file
-    secrets.env_file(name="Hub token for downloads (0600, never shown)", path=hub_token_file, content=secret_env["HF_TOKEN"])
+    # one line with its newline: pyinfra ends what it sends on stdin with one (a file without it
+    # would never match and be written on every run)
+    secrets.env_file(
+        name="Hub token for downloads (0600, never shown)", path=hub_token_file,
+        content=SecretStr(secret_env["HF_TOKEN"].get_secret_value() + "\n"),
+    )
 # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
 weights.preflight(plan.snapshot, content_dir, manifest, deployment.settings.verify, deployment.settings.disk_margin_gb)
 weights.downloaded(
