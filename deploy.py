@@ -132,6 +132,8 @@ rendered_configs = [
         name=f"overlay {filename}",
         src=str(TEMPLATES / f"{filename}.j2"),
         dest=f"{layout.overlay}/{filename}",
+        # readable by the service user: pyinfra's @local connector keeps its temporary file's 0600
+        mode="644",
         repo=plan.snapshot.repo,
         commit=plan.snapshot.commit,
         document=text.rstrip("\n"),
