@@ -58,6 +58,15 @@ def _check_args(args: list[str], managed: dict[str, str]) -> list[str]:
     return args
 
 
+def _absolute_folder(value: str | None) -> str | None:
+    """An absolute folder other than /, without its trailing slash (None stays None)."""
+    if value is None:
+        return None
+    if not value.startswith("/") or value.rstrip("/") == "":
+        raise ValueError(f"{value!r} is not an absolute folder other than /")
+    return value.rstrip("/")
+
+
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     for name in env:
         if not ENV_NAME.match(name):
@@ -334,9 +343,7 @@ class VllmRuntime(Strict):
     @field_validator("wheelhouse")
     @classmethod
     def _absolute_wheelhouse(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
-            raise ValueError(f"{value!r} is not an absolute folder other than /")
-        return value.rstrip("/") if value else value
+        return _absolute_folder(value)
 
     @field_validator("wheelhouse_upload")
     @classmethod
@@ -487,19 +494,10 @@ class SiteSettings(Strict):
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         return _check_env(value)
 
-    @field_validator("root")
+    @field_validator("root", "uv_cache_dir")
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or value.rstrip("/") == "":
-            raise ValueError(f"{value!r} is not an absolute folder other than /")
-        return value.rstrip("/")
-
-    @field_validator("uv_cache_dir")
-    @classmethod
-    def _absolute_cache(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
-            raise ValueError(f"{value!r} is not an absolute folder other than /")
-        return value.rstrip("/") if value else value
+    def _absolute(cls, value: str | None) -> str | None:
+        return _absolute_folder(value)
 
     @field_validator("hf_endpoint")
     @classmethod
