@@ -35,7 +35,7 @@ def data_origin(host, key):
     return origin_of(host, key, DataSources.from_cli()).label
 from operations import checkpoint, hostlock, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
-from operations.plan import RefusedError, argument_lines, make_plan, quoted
+from operations.plan import RefusedError, make_plan
 
 # 1. validate: a bad key or value stops the run here, before any host changes
 deployment = load_deployment(host)

@@ -229,11 +229,12 @@ def quoted(args: list[str]) -> list[str]:
     return [shlex.quote(a) for a in args]
 
 
-def argument_lines(args: list[str]) -> list[str]:
-    """Shell-quoted arguments, one option with its values per line: readable launchers and diffs."""
+def argument_lines(args: list[str], word=shlex.quote) -> list[str]:
+    """Shell words (``word`` of each argument, quoted), one option with its values per line:
+    readable launchers and diffs."""
     lines: list[list[str]] = []
     for arg in args:
         if not lines or arg.startswith("--"):
             lines.append([])
-        lines[-1].append(shlex.quote(arg))
+        lines[-1].append(word(arg))
     return [" ".join(line) for line in lines]

@@ -16,6 +16,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
 from .layout import spec_id
+from .plan import argument_lines
 
 KEEP = 3
 HERE = '"$HERE"'  # the launcher's own folder, resolved when it runs (templates/serve.sh.j2)
@@ -36,12 +37,7 @@ def launcher_lines(args: list[str], folders: dict[str, str]) -> list[str]:
     """Shell-quoted arguments, one option with its values per line (as plan.argument_lines), with
     the staging folders' paths made relative to the launcher's own folder: the same text runs
     from the staging folder and from any release folder."""
-    lines: list[list[str]] = []
-    for arg in args:
-        if not lines or arg.startswith("--"):
-            lines.append([])
-        lines[-1].append(_word(arg, folders))
-    return [" ".join(line) for line in lines]
+    return argument_lines(args, word=lambda arg: _word(arg, folders))
 
 
 class ReleaseLinks(FactBase):
