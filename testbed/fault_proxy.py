@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 CHUNK = 4096
 
@@ -40,6 +41,15 @@ class FaultProxy:
             raise ValueError(f"unknown mode {mode!r}")
         with self._lock:
             self.mode, self.after_bytes, self.faults, self.rate, self.faulted = mode, after_bytes, faults, rate, 0
+
+    @contextmanager
+    def faulty(self, mode: str, after_bytes: int = 0, faults: int = 0, rate: float = 0.0):
+        """``set`` for the length of a with block, then ``heal``."""
+        self.set(mode, after_bytes, faults, rate)
+        try:
+            yield self
+        finally:
+            self.heal()
 
     def heal(self) -> None:
         """Pass every byte from now on; ``faulted`` keeps its count."""

@@ -223,11 +223,8 @@ def assert_pulled_right(site):
 def test_e_stalled_transfer_is_restarted_and_completes(site):
     proxy = site["proxy"]
     start_over(site, download_stall_seconds=3, download_tries=3)
-    proxy.set("stall", after_bytes=32 * 1024, faults=1)
-    try:
+    with proxy.faulty("stall", after_bytes=32 * 1024, faults=1):
         run_ = run(site, "-vvv")
-    finally:
-        proxy.heal()
     assert run_.returncode == 0, run_.output[-5000:]
     assert proxy.faulted == 1
     assert "retrying: no byte arrived for 3 s (try 1 of 3)" in run_.output, run_.output[-5000:]
@@ -237,12 +234,9 @@ def test_e_stalled_transfer_is_restarted_and_completes(site):
 def test_f_transfer_that_always_hangs_fails_after_the_tries(site):
     proxy = site["proxy"]
     start_over(site, download_stall_seconds=3, download_tries=2)
-    proxy.set("stall", after_bytes=32 * 1024, faults=1000)
     started = time.monotonic()
-    try:
+    with proxy.faulty("stall", after_bytes=32 * 1024, faults=1000):
         failed = run(site)
-    finally:
-        proxy.heal()
     assert failed.returncode != 0
     assert re.search(
         r"download of heavylift/tiny-llama@[0-9a-f]{40} failed after 2 tries: no byte arrived for 3 s\. "
@@ -258,11 +252,8 @@ def test_f_transfer_that_always_hangs_fails_after_the_tries(site):
 def test_g_connections_cut_mid_shard_still_give_the_right_bytes(site):
     proxy = site["proxy"]
     start_over(site, download_stall_seconds=30)
-    proxy.set("drop", after_bytes=32 * 1024, faults=2)
-    try:
+    with proxy.faulty("drop", after_bytes=32 * 1024, faults=2):
         pulled = run(site, "-vvv")
-    finally:
-        proxy.heal()
     assert pulled.returncode == 0, pulled.output[-5000:]
     assert proxy.faulted == 2
     assert_pulled_right(site)
