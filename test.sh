@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/bootstrap.sh
-exec .venv/bin/pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -20,8 +20,8 @@ starts a systemd manager outside a VM:
 5. The host has its own network namespace, joined to this machine by a veth pair on a /30
    of 10.213.0.0/16: the test reaches the host's sshd (and vLLM) at ``host.address``, the
    host reaches services a test binds to ``host.gateway``. Nothing else: no route out.
-6. Stop: ``systemctl poweroff`` inside (every unit stops as systemd stops it), SIGKILL of the
-   namespace's PID 1 if that takes too long, then our cgroups are removed. ``check_machine_cgroups``
+6. Stop: SIGRTMIN+4 to the host's systemd, its poweroff signal (every unit stops as on a real
+   shutdown), SIGKILL of the namespace's PID 1 if that takes too long, then our cgroups are removed. ``check_machine_cgroups``
    fails loudly if PID 1's or the runner's cgroups changed.
 
     with SystemdHost(tmp_dir, "sd1") as host:
@@ -543,11 +543,12 @@ class SystemdHost:
     # Stopping
 
     def stop(self, timeout: float = 90, remove: bool = True) -> None:
-        """systemctl poweroff inside; SIGKILL of the host's PID 1 after `timeout` s; our cgroups removed. Idempotent."""
+        """systemd's poweroff signal; SIGKILL of the host's PID 1 after `timeout` s; our cgroups removed. Idempotent."""
         try:
             if self.pid and self._launcher is not None and self._launcher.poll() is None:
-                subprocess.run(["nsenter", "--target", str(self.pid), "--all", "systemctl", "poweroff", "--no-block"],
-                               capture_output=True, timeout=30)
+                # SIGRTMIN+4 is systemd's own "power off" signal (systemd(1), Signals): no D-Bus or
+                # logind needed (both are masked here); every unit is stopped as on a real shutdown
+                os.kill(self.pid, signal.SIGRTMIN + 4)
                 try:
                     self._launcher.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:

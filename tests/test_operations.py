@@ -440,6 +440,24 @@ def test_probe_stops_waiting_when_the_process_exited(tmp_path):
     assert result["healthy"] is False and "exited while loading" in result["error"]
 
 
+def test_wait_health_fails_at_once_when_the_units_main_process_is_gone():
+    """ExecStartPost: systemd waits for it even after vLLM died; it must not wait for TimeoutStartSec."""
+    import subprocess
+    import time
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    started = time.monotonic()
+    waited = subprocess.run([sys.executable, str(PROBE_SCRIPT), "wait-health", "http://127.0.0.1:9"],
+                            env={"MAINPID": str(dead.pid)}, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 30
+    assert waited.returncode == 1 and f"vLLM (pid {dead.pid}) exited before /health answered" in waited.stderr
+    # while the main process lives, it keeps waiting (here: until the timeout ends it)
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, str(PROBE_SCRIPT), "wait-health", "http://127.0.0.1:9"],
+                       env={"MAINPID": str(os.getpid())}, capture_output=True, timeout=5)
+
+
 def test_local_uv_binary_from_a_wheelhouse_makes_no_request(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path / "cache")
     monkeypatch.setattr(runtime.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))

@@ -1,7 +1,8 @@
 """heavylift's readiness probe, run on the host with the system python3 (standard library only).
 
     readiness_probe.py wait-health URL
-        exit 0 once URL/health answers 200 (systemd ExecStartPost; TimeoutStartSec bounds it)
+        exit 0 once URL/health answers 200 (systemd ExecStartPost; TimeoutStartSec bounds it);
+        exit 1 as soon as the unit's main process ($MAINPID) is gone
     readiness_probe.py probe URL MODEL BUDGET [--pid-source S] [--env-file F] [--benchmark N]
                        [--status-file F] [--write-status] [--meta JSON]
         poll URL/health with short timeouts for up to BUDGET seconds, then one completion,
@@ -80,21 +81,41 @@ def exited(source):
     kind, _, value = (source or "").partition(":")
     if kind == "systemd":
         shown = subprocess.run(
-            ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", value], capture_output=True, text=True
+            ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", value],
+            capture_output=True, text=True,
         ).stdout
         states = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
         # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
         # Not "inactive": right after `systemctl start --no-block` the job may not have begun yet.
-        return states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
+        # "start-post" with no main process: vLLM died while ExecStartPost still waits for /health.
+        return (states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
+                or (states.get("SubState") == "start-post" and states.get("MainPID") == "0"))
     if kind == "pidfile":
         pid = main_pid(source)
-        if pid is None:
-            return True
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return True
+        return pid is None or not alive(pid)
     return False
+
+
+def unit_active(source, budget):
+    """None once a systemd unit is "active"; else why not. Other supervisors: None at once.
+
+    /health can answer up to one poll before the unit's ExecStartPost (wait-health) sees it too;
+    until then the unit is still "activating (start-post)".
+    """
+    kind, _, unit = (source or "").partition(":")
+    if kind != "systemd":
+        return None
+    deadline = time.monotonic() + budget
+    while True:
+        state = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit],
+                               capture_output=True, text=True).stdout.strip()
+        if state == "active":
+            return None
+        if exited(source):
+            return f"{unit} stopped after /health answered (ActiveState {state})"
+        if time.monotonic() >= deadline:
+            return f"{unit} answers on /health but is still {state} after {budget:.0f} s"
+        time.sleep(0.5)
 
 
 def started_at(pid):
@@ -181,6 +202,10 @@ def probe(args):
         except (OSError, urllib.error.URLError, KeyError, ValueError, IndexError) as error:
             result["completion"] = None
             result["error"] = f"/v1/completions: {error}"
+    if result["healthy"] and result["completion"] is not None:
+        # the gate ends when systemd agrees: a run that passed leaves `systemctl status` saying active
+        result["error"] = unit_active(args.pid_source, max(30.0, args.budget - (time.monotonic() - started)))
+        result["healthy"] = result["error"] is None
     if args.status_file and not args.write_status:
         # a look without a (re)start: the load time is the one measured when it started
         try:
@@ -204,9 +229,31 @@ def probe(args):
     print(json.dumps(result))
 
 
-def wait_health(url):
+def wait_health(url, main_pid=None):
+    """0 once /health answers; 1 as soon as main_pid is gone.
+
+    systemd waits for ExecStartPost even after the main process died: without this check a
+    release whose vLLM exits at once (a bad flag) would sit in "activating (start-post)" for
+    all of TimeoutStartSec. systemd sets $MAINPID for ExecStartPost (systemd.exec(5),
+    "Environment Variables Set or Propagated by the Service Manager"); the probe runs as the
+    unit's User=, like vLLM, so signal 0 may reach it.
+    """
     while not health(url)[0]:
+        if main_pid and not alive(main_pid):
+            print(f"readiness_probe: vLLM (pid {main_pid}) exited before /health answered", file=sys.stderr)
+            return 1
         time.sleep(2)
+    return 0
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
 
 
 def main(argv=None):
@@ -226,9 +273,10 @@ def main(argv=None):
     probing.add_argument("--meta", default="")
     args = parser.parse_args(argv)
     if args.command == "wait-health":
-        wait_health(args.url.rstrip("/").removesuffix("/health"))
-    else:
-        probe(args)
+        main_pid = os.environ.get("MAINPID", "")
+        return wait_health(args.url.rstrip("/").removesuffix("/health"), int(main_pid) if main_pid.isdigit() else None)
+    probe(args)
+    return 0
 
 
 if __name__ == "__main__":
