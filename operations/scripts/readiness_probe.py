@@ -212,7 +212,7 @@ def probe(args):
             with open(args.status_file) as handle:
                 previous = json.load(handle)
             if previous.get("pid") == pid:
-                result.setdefault("load_seconds", previous.get("load_seconds"))
+                result["load_seconds"] = previous.get("load_seconds")
             else:
                 result.pop("load_seconds", None)
         except (OSError, ValueError):
