@@ -65,7 +65,7 @@ def build_wheel(
     }
     for path, text in (files or {}).items():
         members[path] = text.encode()
-    metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     metadata += [f"Requires-Dist: {r}" for r in requires]
     members[f"{dist}/METADATA"] = ("\n".join(metadata) + "\n").encode()
     members[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: heavylift-testbed\nRoot-Is-Purelib: true\nTag: py3-none-any\n"

@@ -6,9 +6,10 @@ import pytest
 from testbed.ssh_hosts import TestBed
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def testbed_factory(tmp_path_factory):
-    """make(names) -> a started TestBed in a fresh temporary directory; all stopped at the end."""
+    """make(names) -> a started TestBed in a fresh temporary directory; all stopped when the module ends
+    (a module's vLLM must not keep ~3 GB and its share of two cores through the rest of the run)."""
     beds: list[TestBed] = []
 
     def make(names=("host1", "host2")) -> TestBed:
@@ -55,6 +56,15 @@ VLLM_CPU = {
     # finds this machine's pyenv python under /root (mode 0700) for "python3"; Debian's is open.
     "python": "/usr/bin/python3",
 }
+TEST_ROOT = "/opt/heavylift"
+
+
+def tiny_site_data(mirror_url: str, uv_cache: str, **fields) -> dict:
+    """Host data for the tiny model from the session's Hub mirror and uv cache; `fields` add or override."""
+    return {"model": "tiny-llama", "root": TEST_ROOT, "hf_endpoint": mirror_url, "uv_cache_dir": uv_cache,
+            "vllm": VLLM_CPU, **fields}
+
+
 # uv's cache, filled once on this machine before the test hosts start: every host sees it
 # through its copy-on-write root, so each host's install reads wheels from disk
 SHARED_UV_CACHE = "/var/cache/heavylift-tests/uv"

@@ -4,9 +4,14 @@
 import json
 import os
 import stat
+import subprocess
 import threading
+import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+from conftest import PYINFRA, REPO_ROOT, PyinfraRun, run_pyinfra
 
 # fake secrets, unique enough to find anywhere they leak
 HF_TOKEN = "hf_heavyliftFAKEtoken7c1e9"
@@ -102,3 +107,35 @@ def api(base_url: str, path: str, body=None, key: str | None = API_KEY, timeout:
 
 def complete(base_url: str, key: str | None = API_KEY):
     return api(base_url, "/v1/completions", {"model": "heavylift/tiny-llama", "prompt": "Hello", "max_tokens": 4}, key=key)
+
+
+@dataclass
+class ContendedRun:
+    """A run, and a second run tried while the first held the host's lock."""
+    pid: int
+    returncode: int
+    output: str
+    blocked: PyinfraRun
+    blocked_seconds: float
+
+
+def run_while_a_second_run_tries(host, inventory: Path, lock_dir: str) -> ContendedRun:
+    """Start a run of deploy.py; once its pid is in the host's lock, try a second run; wait for both."""
+    first = subprocess.Popen(
+        [PYINFRA, "-y", str(inventory), "deploy.py"], cwd=REPO_ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **SECRET_ENV},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while f"(pid {first.pid})" not in host.run(f"cat {lock_dir}/holder.json 2>/dev/null").stdout:
+            if time.monotonic() > deadline or first.poll() is not None:
+                raise AssertionError(f"the first run never took the host lock: {lock_dir}")
+            time.sleep(0.2)
+        started = time.monotonic()
+        blocked = run_pyinfra(inventory, env=SECRET_ENV)
+        blocked_seconds = time.monotonic() - started
+        output, _ = first.communicate(timeout=1200)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    return ContendedRun(first.pid, first.returncode, output, blocked, blocked_seconds)

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO_ROOT, VLLM_CPU, run_pyinfra
+from conftest import REPO_ROOT, TEST_ROOT, run_pyinfra, tiny_site_data
 from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
@@ -20,21 +20,12 @@ pytestmark = pytest.mark.e2e
 PORTS = {"host1": find_free_port(), "host2": find_free_port()}
 while PORTS["host2"] == PORTS["host1"]:
     PORTS["host2"] = find_free_port()
-ROOT = "/opt/heavylift"
+ROOT = TEST_ROOT
 PIDFILE = f"{ROOT}/deployments/tiny-llama/run/serve.pid"
 
 
 def site_data(mirror_url, uv_cache, **overrides):
-    data = {
-        "model": "tiny-llama",
-        "root": ROOT,
-        "hf_endpoint": mirror_url,
-        "uv_cache_dir": uv_cache,
-        "vllm": VLLM_CPU,
-        "readiness_timeout": 900,
-    }
-    data.update(overrides)
-    return data
+    return tiny_site_data(mirror_url, uv_cache, readiness_timeout=900, **overrides)
 
 
 def complete(port, prompt="Hello"):

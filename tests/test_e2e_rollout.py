@@ -10,10 +10,8 @@ and the last test scans every world-readable file the host wrote for the secrets
 """
 
 import json
-import os
 import re
 import stat
-import subprocess
 import time
 import urllib.error
 from pathlib import Path
@@ -21,32 +19,19 @@ from pathlib import Path
 import pytest
 
 import rollout_support
-from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, run_pyinfra
+from conftest import REPO_ROOT, TEST_ROOT, run_pyinfra, tiny_site_data
 from rollout_support import API_KEY, API_KEY_2, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
 from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
 
 PORT = find_free_port()
-ROOT = "/opt/heavylift"
+ROOT = TEST_ROOT
 DEPLOYMENT_DIR = f"{ROOT}/deployments/tiny-llama"
 PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
 def site_data(mirror_url, uv_cache, **overrides):
-    data = {
-        "model": "tiny-llama",
-        "root": ROOT,
-        "hf_endpoint": mirror_url,
-        "uv_cache_dir": uv_cache,
-        "vllm": VLLM_CPU,
-        "port": PORT,
-        "readiness_timeout": 600,
-        "service_manager": "fallback",
-        **SECRET_SOURCES,
-        "shutdown_timeout": 5,
-        "benchmark_tokens": 16,
-    }
-    data.update(overrides)
-    return data
+    return tiny_site_data(mirror_url, uv_cache, port=PORT, readiness_timeout=600, service_manager="fallback",
+                          **SECRET_SOURCES, shutdown_timeout=5, benchmark_tokens=16, **overrides)
 
 
 ENDPOINT = f"http://127.0.0.1:{PORT}"
@@ -102,7 +87,7 @@ def test_first_run_serves_behind_the_key_as_the_service_user(site):
     # vLLM runs as the service user, from the current release
     pid = read_pid(host)
     uid = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
-    assert host.run(f"id -u heavylift").stdout.strip() == uid != "0"
+    assert host.run("id -u heavylift").stdout.strip() == uid != "0"
     assert f"/releases/{status['release']}/venv/bin/python" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600 and stat.S_IMODE(env_file.parent.stat().st_mode) == 0o700
@@ -146,30 +131,11 @@ def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
     host = site["host"]
     good = current_release(host)
     site["write"](extra_args=["--no-such-vllm-flag"])
-    upgrade = subprocess.Popen(
-        [PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **SECRET_ENV},
-    )
-    try:
-        # wait until the upgrade holds the host's lock, then try a second run
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            holder = host.run(f"cat {ROOT}/deploy.lock/holder.json 2>/dev/null").stdout
-            if f"(pid {upgrade.pid})" in holder:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the upgrade never took the host lock")
-        started = time.monotonic()
-        blocked = run_pyinfra(site["inventory"], env=SECRET_ENV)
-        blocked_seconds = time.monotonic() - started
-        output, _ = upgrade.communicate(timeout=1200)
-    finally:
-        if upgrade.poll() is None:
-            upgrade.kill()
+    upgrade = rollout_support.run_while_a_second_run_tries(host, site["inventory"], f"{ROOT}/deploy.lock")
+    blocked, blocked_seconds, output = upgrade.blocked, upgrade.blocked_seconds, upgrade.output
     site["outputs"] += [blocked.output, output]
     assert blocked.returncode != 0
-    assert f"locked by pyinfra run of" in blocked.output and f"(pid {upgrade.pid})" in blocked.output, blocked.output[-3000:]
+    assert "locked by pyinfra run of" in blocked.output and f"(pid {upgrade.pid})" in blocked.output, blocked.output[-3000:]
     assert blocked_seconds < 30, blocked_seconds
     # the upgrade failed its gate, went back to the release that worked, and says so
     assert upgrade.returncode != 0, output[-5000:]

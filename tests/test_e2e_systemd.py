@@ -15,14 +15,13 @@ pyinfra's output, every process's argv, world-readable files, the journal.
 import json
 import os
 import re
-import subprocess
 import time
 import urllib.error
 
 import pytest
 
 import rollout_support
-from conftest import PYINFRA, REPO_ROOT, VLLM_CPU, run_pyinfra
+from conftest import TEST_ROOT, run_pyinfra, tiny_site_data
 from rollout_support import API_KEY, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
 from testbed.hub_mirror import HubMirror
 from testbed.systemd_host import SystemdHost, machine_cgroups
@@ -30,28 +29,14 @@ from testbed.systemd_host import SystemdHost, machine_cgroups
 pytestmark = pytest.mark.e2e
 
 PORT = 8000  # the host has a network namespace of its own: no other service to collide with
-ROOT = "/opt/heavylift"
+ROOT = TEST_ROOT
 DEPLOYMENT_DIR = f"{ROOT}/deployments/tiny-llama"
 UNIT = "heavylift-tiny-llama.service"
 
 
 def site_data(host, mirror_url, uv_cache, **overrides):
-    data = {
-        "model": "tiny-llama",
-        "root": ROOT,
-        "hf_endpoint": mirror_url,
-        "uv_cache_dir": uv_cache,
-        "vllm": VLLM_CPU,
-        "port": PORT,
-        "bind_address": host.address,
-        "readiness_timeout": 600,
-        **SECRET_SOURCES,
-        "shutdown_timeout": 5,
-        "restart_delay": 1,
-        "benchmark_tokens": 16,
-    }
-    data.update(overrides)
-    return data
+    return tiny_site_data(mirror_url, uv_cache, port=PORT, bind_address=host.address, readiness_timeout=600,
+                          **SECRET_SOURCES, shutdown_timeout=5, restart_delay=1, benchmark_tokens=16, **overrides)
 
 
 def unit_property(host, name):
@@ -208,25 +193,8 @@ def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
     host = site["host"]
     good = current_release(host)
     site["write"](extra_args=["--max-num-seqs", "4", "--no-such-vllm-flag"])
-    upgrade = subprocess.Popen(
-        [PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **SECRET_ENV},
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if f"(pid {upgrade.pid})" in host.run(f"cat {ROOT}/deploy.lock/holder.json 2>/dev/null").stdout:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the upgrade never took the host lock")
-        started = time.monotonic()
-        blocked = run_pyinfra(site["inventory"], env=SECRET_ENV)
-        blocked_seconds = time.monotonic() - started
-        output, _ = upgrade.communicate(timeout=1200)
-    finally:
-        if upgrade.poll() is None:
-            upgrade.kill()
+    upgrade = rollout_support.run_while_a_second_run_tries(host, site["inventory"], f"{ROOT}/deploy.lock")
+    blocked, blocked_seconds, output = upgrade.blocked, upgrade.blocked_seconds, upgrade.output
     site["outputs"] += [blocked.output, output]
     assert blocked.returncode != 0
     assert "locked by pyinfra run of" in blocked.output and f"(pid {upgrade.pid})" in blocked.output, blocked.output[-3000:]

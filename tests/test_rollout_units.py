@@ -116,7 +116,7 @@ def test_secrets_come_from_the_environment_or_a_file(tmp_path, monkeypatch):
     assert {k: v.get_secret_value() for k, v in found.items()} == {"HF_TOKEN": "hf_from_env", "VLLM_API_KEY": "sk-from-file"}
     assert "hf_from_env" not in repr(found)
     text = secrets.render_env_file(str(TEMPLATES / "serve.env.j2"), "demo", found)
-    script = f"set -a; . /dev/stdin; printf '%s|%s' \"$HF_TOKEN\" \"$VLLM_API_KEY\""
+    script = "set -a; . /dev/stdin; printf '%s|%s' \"$HF_TOKEN\" \"$VLLM_API_KEY\""
     assert subprocess.run(["sh", "-c", script], input=text, capture_output=True, text=True).stdout == "hf_from_env|sk-from-file"
 
 

@@ -1,7 +1,6 @@
 """The rendered texts: launcher, environment file, systemd unit, patched configs."""
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
