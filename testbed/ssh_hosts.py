@@ -306,7 +306,18 @@ class TestHost:
                 raise RuntimeError(f"test host {self.name} did not start:\n{self.boot_log()}")
             if not self.pid and pid_file.exists():
                 self.pid = int(pid_file.read_text())
-                self.hold_namespace()
+                try:
+                    self.hold_namespace()
+                except FileNotFoundError:
+                    # sshd wrote its pid file and exited at once (e.g. its port taken): the
+                    # launcher's exit, seen on the next turn, says so with the boot log
+                    self.pid = 0
+                    if self._launcher is not None:
+                        try:
+                            self._launcher.wait(timeout=10)
+                        except subprocess.TimeoutExpired:
+                            pass  # then "no sshd on port" at the deadline, with the boot log
+                    continue
             if self.pid and self.sshd_is_listening() and port_accepts_tcp(self.port):
                 return
             time.sleep(0.02)
