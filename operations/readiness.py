@@ -13,6 +13,7 @@ it again, and fails the run with the last lines of the failed start's log.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from pyinfra import host, logger, state
@@ -99,6 +100,24 @@ def _passed(result: dict) -> bool:
     return result.get("completion") is not None  # "" is a real answer
 
 
+# lines that say why a start failed: argparse's "vllm: error: ...", a traceback's last line
+# ("RuntimeError: CUDA out of memory"), vLLM's own "ERROR ..." log lines
+_ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Traceback", re.IGNORECASE)
+
+
+def failure_text(url: str, result: dict, budget_seconds: float, log: str) -> str:
+    """Why the gate failed, the log's error lines first (a bad flag's tail is mostly usage text),
+    then the last lines of the log as they are."""
+    errors = [line.strip() for line in log.splitlines() if _ERROR_LINE.search(line) and "Traceback" not in line]
+    lead = ""
+    if errors:
+        lead = "Errors in its log:\n" + "\n".join(f"  {line}" for line in dict.fromkeys(errors[-3:])) + "\n"
+    return (
+        f"vLLM at {url} is not ready ({result.get('error')}; waited {result.get('health_seconds', '?')} "
+        f"of {budget_seconds} s).\n{lead}Last lines of its log:\n{log}"
+    )
+
+
 def _release_of(host, link):
     status, output = host.run_shell_command(StringCommand("readlink", QuoteString(link)))
     return output.stdout.strip().rsplit("/", 1)[-1] if status and output.stdout.strip() else None
@@ -114,10 +133,7 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
         logger.info(f"{host.print_prefix}{report_line(gate.meta, result, endpoint)}")
         return
     _, log = host.run_shell_command(log_command)
-    failure = (
-        f"vLLM at {url} is not ready ({result.get('error')}; waited {result.get('health_seconds', '?')} "
-        f"of {budget_seconds} s).\nLast lines of its log:\n{log.stdout}"
-    )
+    failure = failure_text(url, result, budget_seconds, log.stdout)
     failed = gate.meta.get("release")
     previous = _release_of(host, rollback.previous_link) if rollback else None
     if not previous or previous == failed:
@@ -145,6 +161,18 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
         f"release {failed} failed its readiness gate and was rolled back: release {previous} serves {model} at "
         f"{endpoint} again (healthy after {again['health_seconds']} s).\n{failure}"
     )
+
+
+def _gate_step(state, host, *args):
+    """The gate as a pyinfra step: a failure is said once, in red, and fails the operation
+    (an exception would be printed twice, with a traceback, as an "Unexpected error in Python
+    callback": pyinfra 3.10 api/operations.py _run_host_op)."""
+    try:
+        _wait_until_ready(state, host, *args)
+    except OperationError as failure:
+        host.log_styled(str(failure), fg="red", log_func=logger.error)
+        return False
+    return True
 
 
 @operation()
@@ -175,4 +203,4 @@ def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_comman
                 logger.info(f"{host.print_prefix}{report_line(gate.meta, probe, endpoint)}")
             host.noop(message)
             return
-    yield FunctionCommand(_wait_until_ready, (url, model, budget_seconds, endpoint, log_command, gate, rollback), {})
+    yield FunctionCommand(_gate_step, (url, model, budget_seconds, endpoint, log_command, gate, rollback), {})

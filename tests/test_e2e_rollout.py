@@ -141,6 +141,10 @@ def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
     assert upgrade.returncode != 0, output[-5000:]
     assert f"rolling back to release {good}" in output, output[-5000:]
     assert f"was rolled back: release {good} serves heavylift/tiny-llama" in output, output[-5000:]
+    # said once, in plain words, with vLLM's complaint first (not a traceback of a Python callback)
+    assert output.count("failed its readiness gate and was rolled back") == 1, output[-5000:]
+    assert "Unexpected error" not in output and "Traceback" not in output.split("Last lines of its log")[0]
+    assert re.search(r"Errors in its log:\n(  .*\n)*  .*no-such-vllm-flag", output), output[-5000:]
     assert "no-such-vllm-flag" in output  # vLLM's own complaint, from the log tail
     assert current_release(host) == good
     assert complete()["choices"][0]["text"] is not None

@@ -141,6 +141,9 @@ class ShellHost:
         lines += [OutputLine("stderr", line) for line in stderr.splitlines()]
         return status, CommandOutput(lines)
 
+    def log_styled(self, message, log_func, **kwargs):
+        log_func(self.print_prefix + message)
+
 
 URL, LOG = "http://127.0.0.1:8000", "tail -n 40 '/var/log/heavy lift/kimi.log'"
 GATE = readiness.Gate(
@@ -177,6 +180,7 @@ def test_wait_until_ready_fails_with_the_log_when_there_is_no_previous_release()
         readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG), GATE, ROLLBACK)
     assert str(raised.value) == (
         "vLLM at http://127.0.0.1:8000 is not ready (/health: timed out; waited 1800.1 of 1800 s).\n"
+        "Errors in its log:\n  ERROR CUDA out of memory\n"
         "Last lines of its log:\nINFO loading\nERROR CUDA out of memory"
     )
     assert host.commands[1:] == [LOG, "readlink /d/previous"]
@@ -204,6 +208,36 @@ def test_failed_gate_rolls_back_restarts_gates_again_and_fails_the_run(caplog):
                               "serves kimi-k2 at http://gpu1:8000/v1 again (healthy after 42.5 s).")
     assert "unrecognized arguments: --bogus" in message
     assert any("rolling back to release old000000000" in m for m in caplog.messages)
+
+
+def test_failure_text_leads_with_the_error_lines_of_a_long_log():
+    usage = "\n".join(f"    [--option-{n} OPTION_{n}]" for n in range(36))
+    log = ("INFO starting\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+           "RuntimeError: Engine core initialization failed\n" + usage +
+           "\nvllm: error: unrecognized arguments: --no-such-vllm-flag\nvllm: error: unrecognized arguments: --no-such-vllm-flag")
+    text = readiness.failure_text(URL, {"error": "vLLM exited", "health_seconds": 3.0}, 60, log)
+    head, _, tail = text.partition("Last lines of its log:\n")
+    assert head.splitlines()[1:] == [
+        "Errors in its log:",
+        "  RuntimeError: Engine core initialization failed",
+        "  vllm: error: unrecognized arguments: --no-such-vllm-flag",
+    ]
+    assert tail == log
+    # a log without error lines is shown as it is, with no empty heading
+    assert "Errors in its log" not in readiness.failure_text(URL, {"error": "e"}, 60, "INFO loading")
+
+
+def test_gate_step_fails_the_operation_with_one_message_and_no_traceback(caplog):
+    failed = {"healthy": False, "completion": None, "error": "/health: timed out", "health_seconds": 60.0}
+    host = ShellHost([(True, json.dumps(failed), ""), (True, "ERROR out of memory", ""), (True, "", "")])
+    with caplog.at_level("INFO", logger="pyinfra"):
+        passed = readiness._gate_step(None, host, URL, "kimi-k2", 60, "e", StringCommand(LOG), GATE, ROLLBACK)
+    assert passed is False
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].getMessage().startswith("[gpu1] vLLM at http://127.0.0.1:8000 is not ready")
+    assert "Traceback" not in caplog.text
+    ready = ShellHost([(True, json.dumps(READY), "")])
+    assert readiness._gate_step(None, ready, URL, "kimi-k2", 60, "e", StringCommand(LOG), GATE) is True
 
 
 def test_failed_rollback_says_both():
