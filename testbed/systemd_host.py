@@ -37,6 +37,7 @@ import argparse
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -105,6 +106,7 @@ After=network.target
 
 [Service]
 ExecStart={sshd} -D -e -f /etc/heavylift-testbed/sshd_config
+UMask={umask}
 RuntimeDirectory=sshd
 RuntimeDirectoryPreserve=yes
 KillMode=process
@@ -336,6 +338,8 @@ class SystemdHost:
     base_dir: Path
     name: str
     environment: dict[str, str] = field(default_factory=dict)  # set in every SSH session (sshd SetEnv)
+    # the umask of every SSH session (sshd's own, UsePAM no): 0077 for a hardened host
+    umask: str = "0022"
     pid: int = 0  # the host's PID 1 (systemd), as this machine numbers it
     subnet: ipaddress.IPv4Network | None = None
     _launcher: subprocess.Popen | None = field(default=None, repr=False)
@@ -345,6 +349,8 @@ class SystemdHost:
     def __post_init__(self):
         if not HOST_NAME_PATTERN.match(self.name):
             raise ValueError(f"{self.name!r} is not a usable host name (a-z, 0-9, -)")
+        if not re.fullmatch(r"0?[0-7]{3}", self.umask):
+            raise ValueError(f"umask {self.umask!r} is not an octal mode such as 0022 or 0077")
         self.base_dir = Path(self.base_dir).resolve()
         check_base_dir(self.base_dir)
         self.dir = self.base_dir / self.name
@@ -446,7 +452,7 @@ class SystemdHost:
         for unit in MASKED_UNITS:
             (units / unit).symlink_to("/dev/null")
         (units / TARGET).write_text(TARGET_UNIT.format(sshd_unit=SSHD_UNIT))
-        (units / SSHD_UNIT).write_text(SSHD_SERVICE.format(sshd=SSHD))
+        (units / SSHD_UNIT).write_text(SSHD_SERVICE.format(sshd=SSHD, umask=self.umask))
         # a machine id of its own (journal folders, D-Bus), and no mounts from the machine's fstab
         (etc / "machine-id").write_text(secrets.token_hex(16) + "\n")
         (etc / "fstab").write_text("# systemd test host: nothing to mount\n")

@@ -16,7 +16,8 @@ def host(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("a systemd test host needs root (namespaces, cgroups, overlay mounts)")
     before = machine_cgroups()
-    started = SystemdHost(tmp_path, "sdcheck").start()
+    # a hardened host's umask: what the rollout e2e runs under too
+    started = SystemdHost(tmp_path, "sdcheck", umask="0077").start()
     try:
         yield started
     finally:
@@ -35,6 +36,9 @@ def test_systemd_is_pid_1_of_its_own_namespaces_and_reachable_by_ssh(host):
                               capture_output=True, text=True, timeout=60)
     assert over_ssh.returncode == 0, over_ssh.stderr
     assert over_ssh.stdout.split()[0] == "sdcheck"
+    # SSH sessions get the host's umask, as pam_umask or login.defs would give them
+    umask = subprocess.run(host.ssh_argv("umask"), capture_output=True, text=True, timeout=60)
+    assert umask.stdout.strip() == "0077", umask
     # no route out: only the link to this machine
     routes = host.run(["ip", "-4", "route"]).stdout
     assert "default" not in routes and host.address in routes, routes
