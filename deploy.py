@@ -17,6 +17,7 @@ sys.path.insert(0, str(HERE))
 TEMPLATES = HERE / "templates"
 
 import json
+import posixpath
 import shlex
 from io import StringIO
 
@@ -33,7 +34,7 @@ from models.validate import DataSources, load_deployment, origin_of
 def data_origin(host, key):
     """The file (or --data) a host's data key came from, for messages."""
     return origin_of(host, key, DataSources.from_cli()).label
-from operations import checkpoint, hostlock, readiness, release, runtime, secrets, service, weights
+from operations import checkpoint, hostlock, permissions, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
@@ -182,6 +183,15 @@ release.staged(
     launcher=layout.launcher, overlay=layout.overlay, venv=plan.vllm_venv.path,
 )
 switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=release_id)
+# a hardened host's umask (027, 077) makes all of it root-only; the service reads these as its own user
+service_reads = [plan.vllm_venv.path, content_dir, layout.release(release_id), layout.scripts]
+permissions.readable_by_service(
+    name="readable by the service user",
+    trees=service_reads,
+    folders=list(dict.fromkeys(
+        folder for tree in service_reads for folder in permissions.folders_above(tree, stop=posixpath.dirname(layout.root))
+    )),
+)
 stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file, switched]
 stop_grace = settings.shutdown_timeout + 30  # vLLM drains for --shutdown-timeout, then exits
 

@@ -101,8 +101,9 @@ def _passed(result: dict) -> bool:
 
 
 # lines that say why a start failed: argparse's "vllm: error: ...", a traceback's last line
-# ("RuntimeError: CUDA out of memory"), vLLM's own "ERROR ..." log lines
-_ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Traceback", re.IGNORECASE)
+# ("RuntimeError: CUDA out of memory"), vLLM's own "ERROR ..." log lines, systemd's
+# "Failed to execute ...: Permission denied" (status 203/EXEC)
+_ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Traceback|Permission denied|Failed to execute", re.IGNORECASE)
 
 
 def failure_text(url: str, result: dict, budget_seconds: float, log: str) -> str:

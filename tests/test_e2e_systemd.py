@@ -3,7 +3,9 @@
 network link, serving the tiny model with real vLLM (CPU) as the service user, behind an API key.
 
 The host has no route out, like an air-gapped GPU host: uv installs from the shared, pre-filled
-cache (UV_OFFLINE in its SSH sessions), and the Hub mirror listens on the host's link.
+cache (UV_OFFLINE in its SSH sessions), and the Hub mirror listens on the host's link. Its SSH
+sessions run at umask 077, like a hardened (CIS) host: everything heavylift makes as root is born
+private, and the service user must still read its venv, weights and release.
 
 One vLLM start is shared, in order: first run (systemd found by itself, unit verified, vLLM in the
 unit's cgroup) -> no-op run (nothing restarted) -> an upgrade (new arguments: a restart and a new
@@ -70,7 +72,8 @@ def site(hub_mirror, warm_uv_cache, tmp_path_factory):
         pytest.skip("a systemd test host needs root (namespaces, cgroups, overlay mounts)")
     base = tmp_path_factory.mktemp("systemd")
     cgroups_before = machine_cgroups()
-    host = SystemdHost(base, "sd1", environment={"UV_OFFLINE": "1"}).start()
+    # a hardened host: every file heavylift creates as root is born 0600, every folder 0700
+    host = SystemdHost(base, "sd1", environment={"UV_OFFLINE": "1"}, umask="0077").start()
     try:
         # the session's mirror data, served where the host can reach it: its link to this machine
         with HubMirror(hub_mirror.dir, host=host.gateway) as mirror:
@@ -134,6 +137,10 @@ def test_first_run_finds_systemd_and_serves_from_the_unit(site):
     env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")
     assert oct(env_file.stat().st_mode & 0o777) == "0o600" and oct(env_file.parent.stat().st_mode & 0o777) == "0o700"
     assert API_KEY in env_file.read_text() and HF_TOKEN in env_file.read_text()
+    # at umask 077 everything root made was private: opened to the service user, the secrets not
+    assert first.operation_results()["readable by the service user"][1] != "-", first.output[-4000:]
+    assert host.run(["stat", "-c", "%a", ROOT, f"{ROOT}/deployments", f"{ROOT}/venvs"]).stdout.split() == ["755"] * 3
+    assert host.run(["stat", "-c", "%a", f"{ROOT}/lib/readiness_probe.py"]).stdout.strip() == "644"
 
 
 def test_noop_run_restarts_nothing(site):
