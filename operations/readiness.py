@@ -103,12 +103,13 @@ def _passed(result: dict) -> bool:
 # lines that say why a start failed: argparse's "vllm: error: ...", a traceback's last line
 # ("RuntimeError: CUDA out of memory"), vLLM's own "ERROR ..." log lines, systemd's
 # "Failed to execute ...: Permission denied" (status 203/EXEC)
-_ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Traceback|Permission denied|Failed to execute", re.IGNORECASE)
+_ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Permission denied|Failed to execute", re.IGNORECASE)
 
 
 def failure_text(url: str, result: dict, budget_seconds: float, log: str) -> str:
     """Why the gate failed, the log's error lines first (a bad flag's tail is mostly usage text),
     then the last lines of the log as they are."""
+    # vLLM logs "ERROR ... Traceback (most recent call last):": that line says nothing, the last one does
     errors = [line.strip() for line in log.splitlines() if _ERROR_LINE.search(line) and "Traceback" not in line]
     lead = ""
     if errors:

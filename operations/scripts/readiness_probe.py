@@ -76,20 +76,28 @@ def main_pid(source):
     return None
 
 
+def unit_states(unit):
+    """ActiveState, SubState and MainPID of a systemd unit, in one `systemctl show`."""
+    shown = subprocess.run(
+        ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", unit],
+        capture_output=True, text=True,
+    ).stdout
+    return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def unit_gone(states):
+    # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
+    # Not "inactive": right after `systemctl start --no-block` the job may not have begun yet.
+    # "start-post" with no main process: vLLM died while ExecStartPost still waits for /health.
+    return (states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
+            or (states.get("SubState") == "start-post" and states.get("MainPID") == "0"))
+
+
 def exited(source):
     """True when the supervised vLLM is gone and will not answer: stop waiting at once."""
     kind, _, value = (source or "").partition(":")
     if kind == "systemd":
-        shown = subprocess.run(
-            ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", value],
-            capture_output=True, text=True,
-        ).stdout
-        states = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
-        # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
-        # Not "inactive": right after `systemctl start --no-block` the job may not have begun yet.
-        # "start-post" with no main process: vLLM died while ExecStartPost still waits for /health.
-        return (states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
-                or (states.get("SubState") == "start-post" and states.get("MainPID") == "0"))
+        return unit_gone(unit_states(value))
     if kind == "pidfile":
         pid = main_pid(source)
         return pid is None or not alive(pid)
@@ -107,11 +115,11 @@ def unit_active(source, budget):
         return None
     deadline = time.monotonic() + budget
     while True:
-        state = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit],
-                               capture_output=True, text=True).stdout.strip()
+        states = unit_states(unit)
+        state = states.get("ActiveState", "")
         if state == "active":
             return None
-        if exited(source):
+        if unit_gone(states):
             return f"{unit} stopped after /health answered (ActiveState {state})"
         if time.monotonic() >= deadline:
             return f"{unit} answers on /health but is still {state} after {budget:.0f} s"
