@@ -17,7 +17,6 @@ sys.path.insert(0, str(HERE))
 TEMPLATES = HERE / "templates"
 
 import json
-import posixpath
 import shlex
 from io import StringIO
 
@@ -184,13 +183,10 @@ release.staged(
 )
 switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=release_id)
 # a hardened host's umask (027, 077) makes all of it root-only; the service reads these as its own user
-service_reads = [plan.vllm_venv.path, content_dir, layout.release(release_id), layout.scripts]
 permissions.readable_by_service(
     name="readable by the service user",
-    trees=service_reads,
-    folders=list(dict.fromkeys(
-        folder for tree in service_reads for folder in permissions.folders_above(tree, stop=posixpath.dirname(layout.root))
-    )),
+    trees=[plan.vllm_venv.path, content_dir, layout.release(release_id), layout.scripts],
+    root=layout.root,
 )
 stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file, switched]
 stop_grace = settings.shutdown_timeout + 30  # vLLM drains for --shutdown-timeout, then exits

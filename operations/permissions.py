@@ -12,6 +12,8 @@ each run and given ``go+rX`` where they lack it: nothing else changes mode, and 
 
 from __future__ import annotations
 
+import posixpath
+
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
@@ -62,14 +64,17 @@ def folders_above(path: str, stop: str = "/") -> list[str]:
 
 
 @operation()
-def readable_by_service(trees: list[str], folders: list[str]):
+def readable_by_service(trees: list[str], root: str):
     """
-    The service user can read these trees and enter these folders (``chmod go+rX``, only where needed).
+    The service user can read these trees and enter every folder from ``root`` down to them
+    (``chmod go+rX``, only where needed).
 
     + trees: folders whose whole content the service reads (venv, weights, release)
-    + folders: folders it only passes through (the heavylift root, deployments/, ...)
+    + root: heavylift's root: it and the folders below it on the way to the trees are opened; none above it
     """
-    found = host.get_fact(NotReadableByOthers, trees=list(trees), folders=list(folders))
+    stop = posixpath.dirname(root.rstrip("/"))
+    folders = list(dict.fromkeys(folder for tree in trees for folder in folders_above(tree, stop=stop)))
+    found = host.get_fact(NotReadableByOthers, trees=list(trees), folders=folders)
     if not found["trees"] and not found["folders"]:
         host.noop(f"{len(trees)} trees and {len(folders)} folders are readable by the service user")
         return

@@ -46,6 +46,12 @@ def hardened(tmp_path):
     return root
 
 
+def real_fact(fact_cls, **kwargs):
+    """host.get_fact, answered by running the fact's command here."""
+    fact = fact_cls()
+    return fact.process(run(fact.command(**kwargs)))
+
+
 def look(root):
     trees = [str(root / "venvs" / "v"), str(root / "models" / "m"), str(root / "missing")]
     folders = [str(root), str(root / "venvs"), str(root / "models"), str(root / "not-there")]
@@ -58,9 +64,9 @@ def test_a_tree_made_at_umask_077_is_found_and_made_readable_and_nothing_else_ch
     assert found == {"trees": trees[:2], "folders": folders[:3]}  # missing paths are not errors
 
     host = FakeHost({})
-    host.get_fact = lambda fact, **kwargs: found
+    host.get_fact = real_fact
     monkeypatch.setattr(permissions, "host", host)
-    commands = list(permissions.readable_by_service._inner(trees=trees, folders=folders))
+    commands = list(permissions.readable_by_service._inner(trees=trees, root=str(hardened)))
     for command in commands:
         run(command)
 
@@ -71,6 +77,8 @@ def test_a_tree_made_at_umask_077_is_found_and_made_readable_and_nothing_else_ch
     assert mode(hardened / "models" / "m" / "model.safetensors") == 0o644
     # the secrets were reachable through a link inside a tree: links are not followed
     assert mode(hardened / "private") == 0o700 and mode(hardened / "private" / "serve.env") == 0o600
+    # nothing above heavylift's root is opened (pytest made it 0700)
+    assert mode(hardened.parent) == 0o700
 
 
 def test_readable_trees_are_a_noop(tmp_path, monkeypatch):
@@ -82,9 +90,9 @@ def test_readable_trees_are_a_noop(tmp_path, monkeypatch):
     found = fact.process(run(fact.command([str(tmp_path / "v")], [str(tmp_path)])))
     assert found == {"trees": [], "folders": []}
     host = FakeHost({})
-    host.get_fact = lambda fact, **kwargs: found
+    host.get_fact = real_fact
     monkeypatch.setattr(permissions, "host", host)
-    assert list(permissions.readable_by_service._inner(trees=[str(tmp_path / "v")], folders=[str(tmp_path)])) == []
+    assert list(permissions.readable_by_service._inner(trees=[str(tmp_path / "v")], root=str(tmp_path))) == []
     assert host.noops == ["1 trees and 1 folders are readable by the service user"]
 
 
