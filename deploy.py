@@ -50,8 +50,11 @@ except secrets.SecretSourceError as error:
 gpus = host.get_fact(NvidiaGpus)
 # the site's GPU selection against tensor parallelism and the host's GPUs, before any change
 cuda_devices = service.gpu_selection(deployment, gpus, f"{data_origin(host, 'gpus')}, host '{host.name}'")
+# a GPU image's own torch, reused by the venv (vllm.host_packages): what the host's Python has, for the
+# check of the build's torch pin before any change
+host_runtime = runtime.host_runtime(deployment.settings.vllm)
 try:
-    plan = make_plan(deployment, host.name, gpus)
+    plan = make_plan(deployment, host.name, gpus, host_runtime)
 except RefusedError as refusal:
     raise HeavyliftConfigError(
         f"{deployment.entry_file.name}: host '{host.name}' ({gpus.summary()}): {refusal} No host was changed."

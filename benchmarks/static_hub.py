@@ -23,8 +23,8 @@ from urllib.parse import unquote, urlparse
 
 
 class StaticHub:
-    def __init__(self, folder: Path, repo: str, commit: str):
-        self.folder, self.repo, self.commit = Path(folder), repo, commit
+    def __init__(self, folder: Path, repo: str, commit: str | None = None, port: int = 0):
+        self.folder, self.repo = Path(folder), repo
         self.files = {}
         for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
             digest = hashlib.sha256()
@@ -32,6 +32,8 @@ class StaticHub:
                 while chunk := handle.read(8 << 20):
                     digest.update(chunk)
             self.files[str(path.relative_to(self.folder))] = (path.stat().st_size, digest.hexdigest())
+        # no commit given: one derived from the files (the same files, the same commit)
+        self.commit = commit or hashlib.sha1(json.dumps(sorted(self.files.items())).encode()).hexdigest()
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -85,7 +87,7 @@ class StaticHub:
                         while offset < size:
                             offset += os.sendfile(self.wfile.fileno(), handle.fileno(), offset, size - offset)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -97,3 +99,26 @@ class StaticHub:
     def __exit__(self, *exc_info) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve one folder as one Hub repository on loopback until killed (the GPU proof's Hub)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Serve a folder as a Hub repository at one commit, on 127.0.0.1")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("repo", help="org/name")
+    parser.add_argument("port", type=int)
+    args = parser.parse_args(argv)
+    hub = StaticHub(args.folder, args.repo, port=args.port)
+    print(json.dumps({"repo": hub.repo, "commit": hub.commit, "url": hub.url, "files": len(hub.files),
+                      "bytes": sum(size for size, _ in hub.files.values())}), flush=True)
+    try:
+        hub.server.serve_forever()
+    finally:
+        hub.server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -297,6 +297,13 @@ class VllmRuntime(Strict):
     exclude_packages: list[str] = Field(
         default_factory=list, description="dependencies never to install (uv --excludes), e.g. CUDA torchvision on a CPU host"
     )
+    host_packages: list[str] = Field(
+        default_factory=list,
+        description="distributions taken from the host interpreter's own site-packages instead of installed into the venv, "
+        "e.g. the CUDA torch of an NGC or cloud deep-learning image (['torch', 'torchvision', 'torchaudio']): left out "
+        "of the install, importable after the venv's own packages, each checked against what the installed packages "
+        "require; 'torch' brings the host's triton along and must be the torch the vLLM build pins",
+    )
     python: str = Field(default="python3", description="the interpreter the venv is made from (on the host)")
     patches: list[str] = Field(
         default_factory=list,
@@ -340,6 +347,19 @@ class VllmRuntime(Strict):
     def _patch_files(cls, value: list[str]) -> list[str]:
         return _check_patches(value)
 
+    @field_validator("host_packages")
+    @classmethod
+    def _distribution_names(cls, value: list[str]) -> list[str]:
+        names = []
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+                raise ValueError(f"{name!r} is not a distribution name (e.g. 'torch'; no version here: the host's is used)")
+            canonical = re.sub(r"[-_.]+", "-", name).lower()
+            if canonical in names:
+                raise ValueError(f"{name!r} is listed twice")
+            names.append(canonical)
+        return names
+
     @field_validator("wheelhouse")
     @classmethod
     def _absolute_wheelhouse(cls, value: str | None) -> str | None:
@@ -362,6 +382,11 @@ class VllmRuntime(Strict):
             raise ValueError("vLLM's nightly builds are published as package 'vllm' (variant 'cpu' for CPU hosts)")
         if self.nightly is not None and self.index_url is not None:
             raise ValueError("'index_url' and 'nightly' both say where vLLM comes from: keep one")
+        both = sorted(set(self.host_packages) & {re.sub(r"[-_.]+", "-", n).lower() for n in self.exclude_packages})
+        if both:
+            raise ValueError(
+                f"{', '.join(both)} in both 'host_packages' (taken from the host) and 'exclude_packages' (never there): keep one"
+            )
         if self.wheelhouse_upload is not None and self.wheelhouse is None:
             raise ValueError("'wheelhouse_upload' needs 'wheelhouse', the folder on the host it is uploaded to")
         return self

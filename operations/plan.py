@@ -122,7 +122,46 @@ def resolve_build(deployment, host_name: str) -> vllm_build.Build:
         raise build_error(host_name, settings.vllm, error) from None
 
 
-def vllm_venv_plan(deployment, host_name: str, build: vllm_build.Build, layout: Layout, extra_packages=()) -> VenvPlan:
+def host_packages_error(host_name: str, why: str):
+    from models.errors import HeavyliftConfigError
+
+    inventory = lockfile.inventory_path()
+    where = f"{inventory.name}, " if inventory else ""
+    return HeavyliftConfigError(
+        f"{where}host '{host_name}': field 'vllm.host_packages': {why}. Fix: pin the vLLM build made for the host's "
+        "torch (vLLM 0.20-0.26 pin torch 2.11.0, 0.28/0.30 2.13.0, 0.33/0.34 2.14.0), or drop 'torch' from "
+        "host_packages to install the build's own torch. No host was changed."
+    )
+
+
+def host_package_spec(vllm, host_name: str, build: vllm_build.Build, host_runtime: runtime.HostRuntime) -> dict:
+    """name -> {version, site} of each host package, refused here (before any change) when one is missing
+    or the host's torch is not the build's."""
+    names = runtime.host_package_names(vllm)
+    found = host_runtime.packages
+    if found is None:
+        raise host_packages_error(host_name, f"the interpreter {vllm.python!r} (field 'vllm.python') is not on the host")
+    # a companion (torch's triton) comes from the host where the host has it: a CPU torch has none
+    missing = [n for n in vllm.host_packages if n not in found["packages"]]
+    if missing:
+        raise host_packages_error(host_name, f"the host's {vllm.python} has no {', '.join(missing)}")
+    names = [n for n in names if n in found["packages"]]
+    requirements = host_runtime.build_requirements
+    if requirements is None and vllm.wheelhouse_upload:
+        requirements = vllm_build.wheel_requirements(vllm_build.build_wheel_file(build, vllm.wheelhouse_upload))
+    elif requirements is None and not vllm.wheelhouse:
+        # the index's core metadata (PEP 658), else the wheel itself (cached, as the patch check does)
+        requirements = vllm_build.build_requirements(build) or vllm_build.wheel_requirements(vllm_build.build_wheel_file(build))
+    why = runtime.host_torch_mismatch(list(requirements) if requirements is not None else None, found, build.label())
+    if why:
+        raise host_packages_error(host_name, why)
+    return {n: found["packages"][n] for n in names}
+
+
+def vllm_venv_plan(
+    deployment, host_name: str, build: vllm_build.Build, layout: Layout, extra_packages=(),
+    host_runtime: runtime.HostRuntime | None = None,
+) -> VenvPlan:
     """The venv that holds ``build``: its spec (content address), checks and patch series, checked here first."""
     entry = deployment.entry
     vllm = deployment.settings.vllm.model_copy(update={"version": build.version})
@@ -130,6 +169,9 @@ def vllm_venv_plan(deployment, host_name: str, build: vllm_build.Build, layout: 
     vllm_spec = {**runtime.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
     if vllm.wheelhouse:
         vllm_spec["wheelhouse"] = vllm.wheelhouse
+    if vllm.host_packages:
+        # the host's versions and folders are part of the venv's identity: a new image torch, a new venv
+        vllm_spec["host_packages"] = host_package_spec(vllm, host_name, build, host_runtime or runtime.HostRuntime())
     # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
     patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
     if patch_files:
@@ -147,7 +189,7 @@ def vllm_venv_plan(deployment, host_name: str, build: vllm_build.Build, layout: 
     )
 
 
-def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
+def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None) -> Plan:
     settings, entry = deployment.settings, deployment.entry
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
     endpoint = settings.hf_endpoint
@@ -178,8 +220,11 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory) -> Plan:
             rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
     link_names = sorted(present - set(rendered))
 
-    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages)
+    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime)
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
+    if vllm.wheelhouse:
+        # an air-gapped host installs its Hub client from the same wheelhouse as vLLM
+        hub_spec["wheelhouse"] = vllm.wheelhouse
     hub_venv = VenvPlan(layout.venv(runtime.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
 
     serve = entry.serve

@@ -21,6 +21,7 @@ import posixpath
 import shlex
 import urllib.request
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
@@ -129,6 +130,188 @@ def venv_spec(runtime, packages: list[str]) -> dict:
     }
 
 
+# ---------------------------------------------------------------- packages reused from the host's Python
+
+# torch pins its own compiler (torch 2.11.0: Requires-Dist triton==3.6.0): a torch reused from the host
+# brings its triton along, or the venv's newer triton would shadow it (uv resolves triton 3.9 for
+# xgrammar once torch is excluded; seen with uv 0.13.9 and vLLM 0.26.0)
+HOST_COMPANIONS = {"torch": ("triton",)}
+HOST_PTH = "_heavylift_host_packages.pth"
+
+# Run by the host's interpreter: version and folder of each asked distribution, read from metadata
+# (importing torch takes seconds and may touch the GPU); "python": the interpreter's X.Y
+HOST_PACKAGES_PROBE = """
+import json, sys
+from importlib import metadata
+found = {}
+for name in sys.argv[1:]:
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        continue
+    found[name] = {"version": dist.version, "site": str(dist.locate_file("")).rstrip("/")}
+print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "packages": found}))
+"""
+
+
+def host_package_names(runtime) -> list[str]:
+    """The site's host_packages with the companions they bring (torch -> triton), in order, once each."""
+    names: list[str] = []
+    for name in runtime.host_packages:
+        for each in (name, *HOST_COMPANIONS.get(name, ())):
+            if each not in names:
+                names.append(each)
+    return names
+
+
+class HostPackages(FactBase):
+    """Distributions the host's interpreter already has: {"python": "3.12", "packages": {name: {version, site}}}.
+
+    None when the interpreter is missing.
+    """
+
+    def command(self, python, names):
+        probe = StringCommand(QuoteString(python), "-c", QuoteString(HOST_PACKAGES_PROBE), *[QuoteString(n) for n in names])
+        return StringCommand("if", "command", "-v", QuoteString(python), ">/dev/null", ";", "then", probe, ";", "fi")
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        return json.loads(text) if text else None
+
+
+class WheelRequirements(FactBase):
+    """Requires-Dist lines of ``package==version``'s wheel in a folder on the host, or None without one."""
+
+    SCRIPT = """
+import re, sys, zipfile
+from pathlib import Path
+folder, package, version = sys.argv[1:]
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+for wheel in sorted(Path(folder).glob("*.whl")):
+    name, _, rest = wheel.name.partition("-")
+    if norm(name) == norm(package) and rest.split("-")[0] == version:
+        with zipfile.ZipFile(wheel) as archive:
+            meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+            for line in archive.read(meta).decode().splitlines():
+                if line.startswith("Requires-Dist:"):
+                    print(line.split(":", 1)[1].strip())
+        print("#found")
+        break
+"""
+
+    def command(self, python, folder, package, version):
+        return StringCommand(
+            QuoteString(python), "-c", QuoteString(self.SCRIPT), QuoteString(folder), QuoteString(package),
+            QuoteString(version), "2>/dev/null", "||", "true",
+        )
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return [line for line in lines if line != "#found"] if "#found" in lines else None
+
+
+@dataclass(frozen=True)
+class HostRuntime:
+    """What the host's own Python offers a venv: the packages ``vllm.host_packages`` names
+    ({"python", "packages": {name: {version, site}}}, None without that interpreter) and the build's
+    Requires-Dist read from the host's wheelhouse (None: not read there)."""
+
+    packages: dict | None = None
+    build_requirements: tuple[str, ...] | None = None
+
+
+def host_runtime(vllm) -> HostRuntime:
+    """The facts planning needs for ``vllm.host_packages`` (nothing is read without them)."""
+    if not vllm.host_packages:
+        return HostRuntime()
+    packages = host.get_fact(HostPackages, python=vllm.python, names=host_package_names(vllm))
+    requirements = None
+    if vllm.wheelhouse and vllm.version and not vllm.wheelhouse_upload:
+        found = host.get_fact(WheelRequirements, python=vllm.python, folder=vllm.wheelhouse, package=vllm.package,
+                              version=vllm.version)
+        requirements = tuple(found) if found is not None else None
+    return HostRuntime(packages, requirements)
+
+
+def pinned_version(requirements: list[str], name: str) -> str | None:
+    """The exact version a build pins ``name`` to (``torch==2.11.0``), from its Requires-Dist lines."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    for line in requirements:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(requirement.name) != canonicalize_name(name):
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        exact = [s.version for s in requirement.specifier if s.operator in ("==", "===")]
+        if exact:
+            return exact[0]
+    return None
+
+
+def host_torch_mismatch(requirements: list[str] | None, host: dict | None, build_label: str) -> str | None:
+    """Why the host's torch cannot serve this build (a different torch than the build pins), or None."""
+    if requirements is None or host is None:
+        return None
+    pin = pinned_version(requirements, "torch")
+    present = host["packages"].get("torch")
+    if pin is None:
+        return None
+    if present is None:
+        return f"the host's Python has no torch, and {build_label} needs torch=={pin}"
+    if present["version"].split("+")[0] != pin.split("+")[0]:
+        return (
+            f"the host's torch is {present['version']} (in {present['site']}), and {build_label} pins torch=={pin}: "
+            "its compiled kernels are built against that torch's ABI and do not load with another"
+        )
+    return None
+
+
+# Run in the new venv after the install: each host package is the host's (not a copy in the venv) and
+# satisfies what every installed distribution requires of it (pip check, for the packages uv did not see)
+HOST_PACKAGES_CHECK = """
+import json, sys
+from importlib import metadata
+want = json.loads(sys.argv[1])
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:
+    try:  # pip's own copy, in images that have pip but not packaging
+        from pip._vendor.packaging.requirements import Requirement
+        from pip._vendor.packaging.utils import canonicalize_name
+    except ImportError:
+        Requirement = None
+problems = []
+for name, site in want.items():
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        problems.append(f"{name}: not importable from the host's {site}")
+        continue
+    if str(dist.locate_file("")).rstrip("/") != site:
+        problems.append(f"{name}: taken from {dist.locate_file('')}, not from the host's {site}")
+if Requirement is None:
+    print("host packages: versions not checked (no packaging module in the venv or on the host)")
+hosted = {canonicalize_name(n) for n in want} if Requirement else set()
+for dist in metadata.distributions(path=[p for p in sys.path if p.startswith(sys.prefix)]) if Requirement else []:
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if canonicalize_name(req.name) not in hosted or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        version = metadata.version(req.name)
+        if not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{dist.metadata['Name']} requires {line}, the host has {req.name} {version}")
+if problems:
+    sys.exit("host packages do not fit this build: " + "; ".join(sorted(set(problems))))
+print("host packages:", ", ".join(f"{n} {metadata.version(n)}" for n in want))
+"""
+
+
 def vllm_requirements(runtime) -> list[str]:
     # an exact pin: `>=0.16` would exclude 0.16.0rc2.devN (PEP 440 pre-release ordering)
     return [f"{runtime.package}=={runtime.version}", *runtime.extra_packages]
@@ -161,7 +344,7 @@ def install_arguments(spec: dict, excludes_file: str | None = None) -> list[str]
         args += ["--prerelease", spec["prerelease"]]
     for link in spec["find_links"]:
         args += ["--find-links", link]
-    if spec["exclude_packages"]:
+    if spec["exclude_packages"] or spec.get("host_packages"):
         args += ["--excludes", excludes_file or ".heavylift-excludes.txt"]
     return args + list(spec["packages"])
 
@@ -182,7 +365,9 @@ def venv(
 
     + path: the venv folder, named by the spec's content address
     + spec: python, packages, index_url, find_links, exclude_packages; optional: index_strategy,
-      prerelease, wheelhouse (offline install from that host folder only), patches (the series' record)
+      prerelease, wheelhouse (offline install from that host folder only), patches (the series' record),
+      host_packages (name -> {version, site}: taken from the host's Python, not installed; a .pth file
+      puts their folders after the venv's own site-packages, and a check proves each fits)
     + uv_path: the uv binary on the host
     + uv_cache: uv's cache folder on the host
     + check: a Python statement that must succeed in the new venv before it counts as built
@@ -215,15 +400,29 @@ def venv(
 
     yield StringCommand("rm", "-rf", QuoteString(path))
     yield StringCommand(env, QuoteString(uv_path), "venv", "--quiet", "--python", QuoteString(spec["python"]), QuoteString(path))
-    if spec["exclude_packages"]:
-        lines = "\n".join(spec["exclude_packages"]) + "\n"
+    purelib = StringCommand(QuoteString(python), "-c", QuoteString("import sysconfig; print(sysconfig.get_path('purelib'))"))
+    site = StringCommand('"$(', purelib, ')"', _separator="")
+    host_packages = spec.get("host_packages") or {}
+    excluded = list(spec["exclude_packages"]) + [n for n in host_packages if n not in spec["exclude_packages"]]
+    if excluded:
+        lines = "\n".join(excluded) + "\n"
         yield StringCommand("printf", "%s", QuoteString(lines), ">", QuoteString(excludes))
+    if host_packages:
+        # a .pth line is appended to sys.path after the venv's own site-packages: the venv's copies win,
+        # the host's folder serves what the install left out (works for a host Python that is itself a venv,
+        # where --system-site-packages would only reach the base interpreter's folder)
+        sites = "\n".join(dict.fromkeys(p["site"] for p in host_packages.values())) + "\n"
+        yield StringCommand("printf", "%s", QuoteString(sites), ">", StringCommand(site, "/", HOST_PTH, _separator=""))
     yield _or_remove(StringCommand(*install), path, f"heavylift: installing {' '.join(spec['packages'])} failed")
+    if host_packages:
+        wanted = json.dumps({n: p["site"] for n, p in host_packages.items()}, sort_keys=True)
+        yield _or_remove(
+            StringCommand(QuoteString(python), "-c", QuoteString(HOST_PACKAGES_CHECK), QuoteString(wanted)),
+            path, "heavylift: the host's packages (vllm.host_packages) do not fit this build (see above)",
+        )
 
     # the patch series, onto this venv's site-packages only: each checked (--dry-run) before it is applied;
     # --fuzz=0 because GNU patch's default fuzz (2) lets a hunk land where its context lines differ
-    purelib = StringCommand(QuoteString(python), "-c", QuoteString("import sysconfig; print(sysconfig.get_path('purelib'))"))
-    site = StringCommand('"$(', purelib, ')"', _separator="")
     patch_dir = posixpath.join(path, ".heavylift-patches")
     uploaded = []
     if patch_files:

@@ -281,6 +281,32 @@ def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = Non
     return _resolve_commit(pinned, entry["commit"], "nightly latest")
 
 
+def build_requirements(build: Build) -> tuple[str, ...] | None:
+    """The build's Requires-Dist lines from its index's core metadata file (PEP 658: ``<wheel URL>.metadata``),
+    or None when the index has none for it (then the venv's own check judges the host's packages)."""
+    wheel = next((w for w in sorted(build.wheels, key=lambda w: "x86_64" not in w.filename)), None)
+    if wheel is None:
+        return None
+    try:
+        with urllib.request.urlopen(wheel.url.split("#")[0] + ".metadata", timeout=60) as answer:
+            text = answer.read().decode()
+    except (OSError, ValueError):
+        return None
+    return tuple(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:"))
+
+
+def wheel_requirements(wheel) -> tuple[str, ...] | None:
+    """Requires-Dist lines of a local wheel file (None for no file)."""
+    import zipfile
+
+    if wheel is None:
+        return None
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        text = archive.read(meta).decode()
+    return tuple(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:"))
+
+
 def install_options(build: Build) -> dict:
     """What a venv spec records about where and how the build is installed."""
     return {"index_url": build.index_url, "prerelease": build.prerelease, "index_strategy": "first-index"}

@@ -22,7 +22,7 @@ deployment = load_deployment(host)
 settings = deployment.settings
 layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
 build = planning.resolve_build(deployment, host.name)
-venv_plan = planning.vllm_venv_plan(deployment, host.name, build, layout)
+venv_plan = planning.vllm_venv_plan(deployment, host.name, build, layout, host_runtime=runtime.host_runtime(settings.vllm))
 files.directory(name="heavylift folders", path=layout.deployment_dir)
 runtime.uv(name="uv", path=layout.uv, version=settings.uv_version, wheelhouse=settings.vllm.wheelhouse_upload)
 runtime.vllm_runtime(deployment, layout, build, venv_plan)

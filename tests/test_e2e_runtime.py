@@ -11,7 +11,10 @@ the link, the GC):
 (e) a failed install (0.35.0 needs a torch that does not exist) leaves the host on the old build;
 (f) a version the index does not have fails at plan time, saying what it has;
 (g) an offline wheelhouse uploaded from the control machine: the install makes no index request at all;
-(h) the keep count removes the oldest venv, never the active one.
+(h) the keep count removes the oldest venv, never the active one;
+(i) a host Python's own torch (a GPU image's) reused by the venv (vllm.host_packages): never fetched, imported
+    from the image's folder, recorded in the venv's record; a re-run changes nothing;
+(j) an image whose torch is not the one the build pins is refused before any host changes.
 """
 
 import json
@@ -36,6 +39,7 @@ def site(testbed_factory, tmp_path_factory):
     folder = tmp_path_factory.mktemp("runtime-site")
     index = WheelIndex(folder / "index")
     index.add_pypi("torch", "2.14.0")
+    index.add_pypi("torch", "2.13.0")  # an image's older torch (i, j)
     for version in ("0.33.0", "0.34.0"):
         index.add_pypi("vllm", version, requires=("torch==2.14.0",))
     index.add_pypi("vllm", "0.35.0", requires=("torch==9.9.9",))  # no such torch: the install fails
@@ -173,3 +177,48 @@ def test_h_keep_count_removes_the_oldest_never_the_active(site):
     assert f"{ROOT}/venvs/{left[0]}" != site["old"] and f"{ROOT}/venvs/{left[1]}" != site["old"]
     assert active(site) == (site["new"], "0.34.0")
     assert any(v.startswith("vllm-0.36.0") for v in left)
+
+
+def image_python(site, folder: str, torch: str) -> str:
+    """A GPU image's Python on the host: an interpreter (a venv itself, as in NGC or cloud images) that holds torch."""
+    uv = f"{ROOT}/bin/uv"
+    made = site["host"].run(
+        f"UV_PYTHON_DOWNLOADS=never {uv} venv -q --python python3 {folder} && "
+        f"{uv} pip install -q --python {folder}/bin/python --index-url {site['index'].url}/pypi/ torch=={torch}"
+    )
+    assert made.returncode == 0, made.stderr
+    return f"{folder}/bin/python3"
+
+
+def test_i_host_packages_reuse_the_image_torch(site):
+    python = image_python(site, "/opt/image-python", "2.14.0")
+    site["write"]({"version": "0.34.0", "python": python, "host_packages": ["torch"]})
+    seen = len(site["index"].requests)
+    result = run(site)
+    assert result.returncode == 0, result.output[-5000:]
+    assert not [r for r in site["index"].requests[seen:] if "torch" in r]  # the venv's install never asked for torch
+    target, version = active(site)
+    assert version == "0.34.0"
+    imported = site["host"].run([f"{LINK}/bin/python", "-c", "import torch; print(torch.__file__, torch.__version__)"])
+    where, torch_version = imported.stdout.split()
+    assert where.startswith("/opt/image-python/lib/") and torch_version == "2.14.0", imported.stdout + imported.stderr
+    in_venv = site["host"].run(f"ls {target}/lib/python3*/site-packages").stdout.split()
+    assert not [name for name in in_venv if name.startswith("torch")], in_venv
+    record = json.loads(site["host"].run(["cat", f"{target}/.heavylift-venv.json"]).stdout)
+    assert record["host_packages"]["torch"]["version"] == "2.14.0"
+    assert record["host_packages"]["torch"]["site"].startswith("/opt/image-python/lib/")
+    again = run(site)
+    assert again.returncode == 0 and again.changed_operations() == [], again.output[-5000:]
+    site["image_venv"] = target
+
+
+def test_j_image_torch_other_than_the_pin_is_refused_before_any_change(site):
+    python = image_python(site, "/opt/old-image-python", "2.13.0")
+    before = venvs(site)
+    site["write"]({"version": "0.34.0", "python": python, "host_packages": ["torch"]})
+    refused = run(site)
+    assert refused.returncode != 0
+    assert "field 'vllm.host_packages': the host's torch is 2.13.0" in refused.output, refused.output[-5000:]
+    assert "vllm 0.34.0 pins torch==2.14.0" in refused.output
+    assert "No host was changed." in refused.output and "Traceback" not in refused.output
+    assert venvs(site) == before and active(site)[0] == site["image_venv"]

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The GPU proof, run on the lent GPU machine (no registry, no Hub) in stages, each call of the device
+# tool running some of them back to back; state lives in /tmp/hl, figures go to $OUT (docs/gpu-proof.md).
+#
+#   scripts/gpu_proof.sh carry              copy the payload parts this call carried (.gpu/) to /tmp/hl/parts
+#   scripts/gpu_proof.sh facts              the machine: nvidia-smi, the image's Python packages, init system
+#   scripts/gpu_proof.sh setup              unpack the payload, heavylift's control venv, checkpoints, Hub stand-ins
+#   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y inventory/h200.py deploy.py for deployment NAME (run N)
+#   scripts/gpu_proof.sh plain NAME         stop heavylift's service, run the same launcher by hand, time it with a
+#                                           direct client; then heavylift brings its service back (timed the same way)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HL=/tmp/hl
+OUT=${OUT:-$HL/out}
+PY=${HEAVYLIFT_H200_PYTHON:-/opt/torch/.venv/bin/python3}
+ROOT=${HEAVYLIFT_H200_ROOT:-$HL/heavylift}
+export HEAVYLIFT_PAYLOAD=$HL/payload HEAVYLIFT_H200_ROOT=$ROOT HEAVYLIFT_CACHE=$HL/cache
+# this machine's rule for every process started here (NVLink multicast off)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$HL" "$OUT"
+
+stamp() { date +%s.%N; }
+minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
+say() { echo "[$(date +%T)] $*"; }
+
+declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kimi-shape)
+declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391)
+declare -A PORT=([llama-8b]=8000 [mla]=8001)
+declare -A KIND=([llama-8b]=llama-8b [mla]=mla)
+
+carry() {
+    mkdir -p "$HL/parts"
+    cp -v .gpu/payload* "$HL/parts/"
+    ls -la "$HL/parts"
+}
+
+facts() {
+    nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits | tee "$OUT/nvidia-smi-query.txt"
+    nvidia-smi --version | tee "$OUT/nvidia-smi-version.txt" || true
+    nvidia-smi > "$OUT/nvidia-smi-table.txt" || true
+    "$PY" - <<'EOF' | tee "$OUT/image-python.json"
+import json, sys
+from importlib import metadata
+names = ["torch", "torchvision", "torchaudio", "triton", "numpy", "transformers", "numba", "llvmlite",
+         "opencv-python-headless", "safetensors", "tokenizers", "pillow", "huggingface-hub"]
+found = {}
+for n in names:
+    try:
+        d = metadata.distribution(n)
+        found[n] = [d.version, str(d.locate_file(""))]
+    except metadata.PackageNotFoundError:
+        found[n] = None
+print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "base_prefix": sys.base_prefix,
+                  "packages": found}, indent=1))
+EOF
+    { echo "pid1: $(cat /proc/1/comm)"; for t in systemctl start-stop-daemon setpriv useradd curl git patch; do
+        echo "$t: $(command -v $t || echo missing)"; done; df -h /tmp | tail -1; nproc; free -g | head -2; } | tee "$OUT/machine.txt"
+}
+
+hub_up() {  # NAME: the Hub stand-in serving that checkpoint on loopback
+    local name=$1 port=${HUB_PORT[$1]}
+    if curl -fsS -o /dev/null "http://127.0.0.1:$port/api/models/${REPO[$name]}/revision/main" 2>/dev/null; then return; fi
+    setsid nohup "$PY" -m benchmarks.static_hub "$HL/models/$name" "${REPO[$name]}" "$port" > "$HL/hub-$name.log" 2>&1 < /dev/null &
+    for _ in $(seq 1 240); do
+        curl -fsS -o /dev/null "http://127.0.0.1:$port/api/models/${REPO[$name]}/revision/main" 2>/dev/null && break
+        sleep 0.5
+    done
+    head -1 "$HL/hub-$name.log"
+}
+
+setup() {
+    local t0; t0=$(stamp)
+    [ -d "$HL/payload" ] || "$PY" scripts/gpu_unpack.py "$HL/parts" "$HL/payload"
+    mkdir -p "$HL/bin"
+    # uv from its own wheel (the payload's), to build heavylift's control venv offline
+    [ -x "$HL/bin/uv" ] || "$PY" -c "
+import sys, zipfile, glob
+w = zipfile.ZipFile(glob.glob('$HL/payload/wheelhouse/uv-*.whl')[0])
+m = next(n for n in w.namelist() if n.endswith('/scripts/uv'))
+open('$HL/bin/uv', 'wb').write(w.read(m))"
+    chmod 755 "$HL/bin/uv"
+    if [ ! -x "$HL/ctl/bin/pyinfra" ]; then
+        "$HL/bin/uv" venv -q --python "$PY" "$HL/ctl"
+        "$HL/bin/uv" pip install -q --python "$HL/ctl/bin/python" --offline --no-index \
+            --find-links "$HL/payload/control" -r "$HL/payload/control-requirements.txt"
+    fi
+    local t1; t1=$(stamp)
+    for name in llama-8b mla; do
+        [ -f "$HL/models/$name/model.safetensors.index.json" ] || "$PY" -m testbed.gpu_checkpoints "${KIND[$name]}" "$HL/models/$name" | tee -a "$OUT/checkpoints.jsonl"
+    done
+    local t2; t2=$(stamp)
+    for name in llama-8b mla; do hub_up "$name"; done
+    echo "{\"unpack_and_control_venv_s\": $(minus "$t1" "$t0"), \"checkpoints_s\": $(minus "$t2" "$t1"), \"hubs_s\": $(minus "$(stamp)" "$t2")}" | tee "$OUT/setup.json"
+}
+
+converge() {  # NAME N
+    local name=$1 n=${2:-1} t0 rc=0
+    hub_up "$name" >/dev/null
+    t0=$(stamp)
+    HEAVYLIFT_H200_DEPLOYMENT=$name "$HL/ctl/bin/pyinfra" -y inventory/h200.py deploy.py > "$OUT/converge-$name-$n.log" 2>&1 || rc=$?
+    local wall; wall=$(minus "$(stamp)" "$t0")
+    say "converge $name #$n: exit $rc, $wall s"
+    grep -E "rule |vLLM |ready|No changes|Success|Error|error|\[@local\] (Loaded|heavylift)" "$OUT/converge-$name-$n.log" | tail -25 || true
+    cp "$ROOT/deployments/$name/status.json" "$OUT/status-$name-$n.json" 2>/dev/null || true
+    cp "$ROOT/deployments/$name/resolution.json" "$OUT/resolution-$name.json" 2>/dev/null || true
+    echo "{\"deployment\": \"$name\", \"run\": $n, \"exit\": $rc, \"wall_seconds\": $wall}" >> "$OUT/converge.jsonl"
+    tail -n 60 "$ROOT/deployments/$name/run/serve.log" > "$OUT/serve-$name.log" 2>/dev/null || true
+    return $rc
+}
+
+process_start() {  # PID -> epoch seconds the process started (clock ticks since boot, from /proc)
+    "$PY" -c "
+import os, sys
+ticks = os.sysconf('SC_CLK_TCK')
+start = int(open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')', 1)[1].split()[19]) / ticks
+boot = next(float(l.split()[1]) for l in open('/proc/stat') if l.startswith('btime'))
+print(f'{boot + start:.2f}')" "$1"
+}
+
+plain() {  # NAME: the same launcher run by hand against heavylift's service, each timed from its process start
+    local name=$1 run=$ROOT/deployments/$name/run pid started
+    start-stop-daemon --stop --oknodo --remove-pidfile --pidfile "$run/serve.pid" --retry TERM/60/KILL/10
+    # the release's own launcher without heavylift: the same command line, environment, user and HOME (its caches)
+    setsid bash -c "set -a; . '$ROOT/deployments/$name/private/serve.env'; set +a; HOME='$ROOT/home' exec setpriv --reuid=heavylift --regid=heavylift --init-groups -- '$ROOT/deployments/$name/current/serve'" \
+        > "$HL/plain-$name.log" 2>&1 < /dev/null &
+    pid=$!
+    started=$(process_start "$pid")
+    "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 --started-at "$started" \
+        | tee "$OUT/plain-$name.json"
+    kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid"
+    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    grep -E "backend|KV cache|kv_cache|Maximum concurrency|Loading weights took|torch.compile|graph" "$HL/plain-$name.log" | head -30 > "$OUT/plain-$name-vllm.txt" || true
+    # heavylift brings its service back (it is not running) and gates it
+    converge "$name" restart || true
+    pid=$(cat "$run/serve.pid")
+    started=$(process_start "$pid")
+    "$PY" - "$started" "$ROOT/deployments/$name/status.json" <<'EOF' | tee "$OUT/heavylift-$name-restart.json"
+import json, os, sys
+started, status_file = float(sys.argv[1]), sys.argv[2]
+status = json.load(open(status_file))
+gate_done = os.stat(status_file).st_mtime
+print(json.dumps({"start_to_gate_seconds": round(gate_done - started, 2), **status}))
+EOF
+    "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 | tee "$OUT/direct-after-$name.json"
+}
+
+"$@"
