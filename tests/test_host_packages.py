@@ -1,6 +1,9 @@
 """vllm.host_packages: a GPU image's own torch reused by the vLLM venv (pure parts; the install itself is
 proven over SSH in tests/test_e2e_runtime.py (i, j) and on a real H200 by scripts/gpu_proof.sh)."""
 
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -63,3 +66,18 @@ def test_host_packages_change_the_venvs_install_and_name():
     reused = runtime.install_arguments({**spec, "host_packages": {"torch": image()["packages"]["torch"]}})
     assert "--excludes" not in plain and "--excludes" in reused
     assert runtime.venv_name("vllm-0.26.0", spec) != runtime.venv_name("vllm-0.26.0", {**spec, "host_packages": {"torch": {}}})
+
+
+H200 = Path(__file__).parent / "fixtures" / "h200"
+
+
+def test_the_lent_h200_images_torch_fits_vllm_0_26_and_not_0_27():
+    # read on the GPU machine (scripts/gpu_proof.sh facts, 2026-12-03): the image's Python is a venv of its own
+    seen = json.loads((H200 / "image-python.json").read_text())
+    packages = {name: {"version": v[0], "site": v[1]} for name, v in seen["packages"].items() if v}
+    host = {"python": seen["python"], "packages": packages}
+    requires = (H200 / "vllm-0.26.0-requires.txt").read_text().splitlines()  # vllm 0.26.0's wheel METADATA
+    assert runtime.host_torch_mismatch(requires, host, "vllm 0.26.0") is None
+    # vLLM 0.27+ pins torch 2.13.0 (FACTS: torch pins per release)
+    newer = [line.replace("torch==2.11.0", "torch==2.13.0") for line in requires]
+    assert "pins torch==2.13.0" in runtime.host_torch_mismatch(newer, host, "vllm 0.28.0")
