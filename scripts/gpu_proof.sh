@@ -4,6 +4,7 @@
 #
 #   scripts/gpu_proof.sh carry              copy the payload parts this call carried (.gpu/) to /tmp/hl/parts
 #   scripts/gpu_proof.sh facts              the machine: nvidia-smi, the image's Python packages, init system
+#   scripts/gpu_proof.sh checkpoints        generate the checkpoints (testbed/gpu_checkpoints.py) with the image's torch
 #   scripts/gpu_proof.sh setup              unpack the payload, heavylift's control venv, checkpoints, Hub stand-ins
 #   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y inventory/h200.py deploy.py for deployment NAME (run N)
 #   scripts/gpu_proof.sh plain NAME         stop heavylift's service, run the same launcher by hand, time it with a
@@ -11,13 +12,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HL=/tmp/hl
-OUT=${OUT:-$HL/out}
+# figures and logs stay in /tmp/hl/out across calls; `bundle` packs them into one file under the device's $OUT
+RESULTS=$HL/out
 PY=${HEAVYLIFT_H200_PYTHON:-/opt/torch/.venv/bin/python3}
 ROOT=${HEAVYLIFT_H200_ROOT:-$HL/heavylift}
 export HEAVYLIFT_PAYLOAD=$HL/payload HEAVYLIFT_H200_ROOT=$ROOT HEAVYLIFT_CACHE=$HL/cache
 # this machine's rule for every process started here (NVLink multicast off)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-mkdir -p "$HL" "$OUT"
+mkdir -p "$HL" "$RESULTS"
 
 stamp() { date +%s.%N; }
 minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
@@ -35,10 +37,10 @@ carry() {
 }
 
 facts() {
-    nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits | tee "$OUT/nvidia-smi-query.txt"
-    nvidia-smi --version | tee "$OUT/nvidia-smi-version.txt" || true
-    nvidia-smi > "$OUT/nvidia-smi-table.txt" || true
-    "$PY" - <<'EOF' | tee "$OUT/image-python.json"
+    nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits | tee "$RESULTS/nvidia-smi-query.txt"
+    nvidia-smi --version | tee "$RESULTS/nvidia-smi-version.txt" || true
+    nvidia-smi > "$RESULTS/nvidia-smi-table.txt" || true
+    "$PY" - <<'EOF' | tee "$RESULTS/image-python.json"
 import json, sys
 from importlib import metadata
 names = ["torch", "torchvision", "torchaudio", "triton", "numpy", "transformers", "numba", "llvmlite",
@@ -54,7 +56,7 @@ print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable
                   "packages": found}, indent=1))
 EOF
     { echo "pid1: $(cat /proc/1/comm)"; for t in systemctl start-stop-daemon setpriv useradd curl git patch; do
-        echo "$t: $(command -v $t || echo missing)"; done; df -h /tmp | tail -1; nproc; free -g | head -2; } | tee "$OUT/machine.txt"
+        echo "$t: $(command -v $t || echo missing)"; done; df -h /tmp | tail -1; nproc; free -g | head -2; } | tee "$RESULTS/machine.txt"
 }
 
 hub_up() {  # NAME: the Hub stand-in serving that checkpoint on loopback
@@ -85,27 +87,36 @@ open('$HL/bin/uv', 'wb').write(w.read(m))"
             --find-links "$HL/payload/control" -r "$HL/payload/control-requirements.txt"
     fi
     local t1; t1=$(stamp)
-    for name in llama-8b mla; do
-        [ -f "$HL/models/$name/model.safetensors.index.json" ] || "$PY" -m testbed.gpu_checkpoints "${KIND[$name]}" "$HL/models/$name" | tee -a "$OUT/checkpoints.jsonl"
-    done
+    checkpoints
     local t2; t2=$(stamp)
     for name in llama-8b mla; do hub_up "$name"; done
-    echo "{\"unpack_and_control_venv_s\": $(minus "$t1" "$t0"), \"checkpoints_s\": $(minus "$t2" "$t1"), \"hubs_s\": $(minus "$(stamp)" "$t2")}" | tee "$OUT/setup.json"
+    echo "{\"unpack_and_control_venv_s\": $(minus "$t1" "$t0"), \"checkpoints_s\": $(minus "$t2" "$t1"), \"hubs_s\": $(minus "$(stamp)" "$t2")}" | tee "$RESULTS/setup.json"
+}
+
+checkpoints() {  # generated here with the image's torch, never carried (a finished one is kept)
+    for name in llama-8b mla; do
+        [ -f "$HL/models/$name/README.md" ] || "$PY" -m testbed.gpu_checkpoints "${KIND[$name]}" "$HL/models/$name" | tee -a "$RESULTS/checkpoints.jsonl"
+    done
 }
 
 converge() {  # NAME N
     local name=$1 n=${2:-1} t0 rc=0
     hub_up "$name" >/dev/null
     t0=$(stamp)
-    HEAVYLIFT_H200_DEPLOYMENT=$name "$HL/ctl/bin/pyinfra" -y inventory/h200.py deploy.py > "$OUT/converge-$name-$n.log" 2>&1 || rc=$?
+    HEAVYLIFT_H200_DEPLOYMENT=$name "$HL/ctl/bin/pyinfra" -y inventory/h200.py deploy.py > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
     local wall; wall=$(minus "$(stamp)" "$t0")
     say "converge $name #$n: exit $rc, $wall s"
-    grep -E "rule |vLLM |ready|No changes|Success|Error|error|\[@local\] (Loaded|heavylift)" "$OUT/converge-$name-$n.log" | tail -25 || true
-    cp "$ROOT/deployments/$name/status.json" "$OUT/status-$name-$n.json" 2>/dev/null || true
-    cp "$ROOT/deployments/$name/resolution.json" "$OUT/resolution-$name.json" 2>/dev/null || true
-    echo "{\"deployment\": \"$name\", \"run\": $n, \"exit\": $rc, \"wall_seconds\": $wall}" >> "$OUT/converge.jsonl"
-    tail -n 60 "$ROOT/deployments/$name/run/serve.log" > "$OUT/serve-$name.log" 2>/dev/null || true
+    grep -E "rule |vLLM |ready|No changes|Success|Error|error|\[@local\] (Loaded|heavylift)" "$RESULTS/converge-$name-$n.log" | tail -25 || true
+    cp "$ROOT/deployments/$name/status.json" "$RESULTS/status-$name-$n.json" 2>/dev/null || true
+    cp "$ROOT/deployments/$name/resolution.json" "$RESULTS/resolution-$name.json" 2>/dev/null || true
+    echo "{\"deployment\": \"$name\", \"run\": $n, \"exit\": $rc, \"wall_seconds\": $wall}" >> "$RESULTS/converge.jsonl"
+    tail -n 60 "$ROOT/deployments/$name/run/serve.log" > "$RESULTS/serve-$name.log" 2>/dev/null || true
     return $rc
+}
+
+bundle() {  # everything measured so far, as one file where the caller collects it ($OUT on the device)
+    tar -czf "${OUT:?}/gpu-proof.tgz" -C "$HL" out
+    ls -la "$OUT"
 }
 
 process_start() {  # PID -> epoch seconds the process started (clock ticks since boot, from /proc)
@@ -126,22 +137,22 @@ plain() {  # NAME: the same launcher run by hand against heavylift's service, ea
     pid=$!
     started=$(process_start "$pid")
     "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 --started-at "$started" \
-        | tee "$OUT/plain-$name.json"
+        | tee "$RESULTS/plain-$name.json"
     kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid"
     for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    grep -E "backend|KV cache|kv_cache|Maximum concurrency|Loading weights took|torch.compile|graph" "$HL/plain-$name.log" | head -30 > "$OUT/plain-$name-vllm.txt" || true
+    grep -E "backend|KV cache|kv_cache|Maximum concurrency|Loading weights took|torch.compile|graph" "$HL/plain-$name.log" | head -30 > "$RESULTS/plain-$name-vllm.txt" || true
     # heavylift brings its service back (it is not running) and gates it
     converge "$name" restart || true
     pid=$(cat "$run/serve.pid")
     started=$(process_start "$pid")
-    "$PY" - "$started" "$ROOT/deployments/$name/status.json" <<'EOF' | tee "$OUT/heavylift-$name-restart.json"
+    "$PY" - "$started" "$ROOT/deployments/$name/status.json" <<'EOF' | tee "$RESULTS/heavylift-$name-restart.json"
 import json, os, sys
 started, status_file = float(sys.argv[1]), sys.argv[2]
 status = json.load(open(status_file))
 gate_done = os.stat(status_file).st_mtime
 print(json.dumps({"start_to_gate_seconds": round(gate_done - started, 2), **status}))
 EOF
-    "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 | tee "$OUT/direct-after-$name.json"
+    "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 | tee "$RESULTS/direct-after-$name.json"
 }
 
 "$@"
