@@ -37,6 +37,9 @@ if [ "$("$UV" --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
     "$PYTHON" -m operations.uv_wheel "$UV_VERSION" "$UV"
 fi
 
-# the control venv from that interpreter; uv never downloads one (its Python builds come from
-# outside the package registries)
-UV_PYTHON_DOWNLOADS=never "$UV" sync --quiet --frozen --all-groups --python "$PYTHON"
+# the control venv from that interpreter. uv never downloads one (its Python builds come from
+# outside the package registries), and trusts the system's certificate store (UV_SYSTEM_CERTS,
+# uv 0.13's name of --native-tls): uv otherwise trusts only its bundled roots and fails behind a
+# TLS-inspecting proxy with "invalid peer certificate: UnknownIssuer", as the hosts' uv would
+export UV_PYTHON_DOWNLOADS=never UV_SYSTEM_CERTS=1
+"$UV" sync --quiet --frozen --all-groups --python "$PYTHON"

