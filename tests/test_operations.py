@@ -291,7 +291,7 @@ def fake_pypi(monkeypatch, wheel_name: str, wheel: bytes, sha256: str):
         return Answer(wheel)
 
     monkeypatch.setattr(runtime, "PYPI_SIMPLE", "https://pypi.example/simple/")
-    monkeypatch.setattr(runtime.urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(runtime.uv_wheel.urllib.request, "urlopen", urlopen)
     return seen
 
 
@@ -309,7 +309,7 @@ def test_local_uv_binary_cached_needs_no_network(tmp_path, monkeypatch):
     cached.parent.mkdir(parents=True)
     cached.write_text("cached")
     monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
-    monkeypatch.setattr(runtime.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
+    monkeypatch.setattr(runtime.uv_wheel.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
     assert runtime.local_uv_binary("0.13.9", "aarch64") == cached
 
 
@@ -494,7 +494,7 @@ def test_wait_health_fails_at_once_when_the_units_main_process_is_gone():
 
 def test_local_uv_binary_from_a_wheelhouse_makes_no_request(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path / "cache")
-    monkeypatch.setattr(runtime.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
+    monkeypatch.setattr(runtime.uv_wheel.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     (wheelhouse / "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl").write_bytes(make_wheel())

@@ -65,6 +65,26 @@ def test_lock_names_its_holder_and_goes_stale_when_the_holder_dies(tmp_path):
     assert [p.name for p in lock.parent.iterdir()] == ["deploy.lock"]
 
 
+def test_only_the_holder_releases_the_lock(tmp_path):
+    lock = tmp_path / "deploy.lock"
+    first = holder_process(lock, "first run")
+    try:
+        assert first.stdout.readline().startswith("0 taken by first run")
+        other = take(lock, mode="release")
+        assert other.returncode == 0 and other.stdout.startswith("not ours: first run since "), other.stdout
+        assert (lock / "holder.json").is_file()
+    finally:
+        first.kill()
+        first.wait()
+    # the holder's own connection gives it back (here: one sh that takes it, then releases it)
+    both = " ; ".join(hostlock.lock_command(str(lock), mode, "second run").get_raw_value() for mode in ("take", "release"))
+    result = subprocess.run(["sh", "-c", both], capture_output=True, text=True)
+    assert result.stdout.splitlines()[0].startswith("recovered a stale lock of first run")
+    assert result.stdout.splitlines()[-1].startswith("released: second run since "), result.stdout
+    assert list(tmp_path.iterdir()) == []
+    assert take(lock, mode="release").stdout == "free\n"
+
+
 def test_a_reused_pid_is_not_the_holder(tmp_path):
     lock = tmp_path / "deploy.lock"
     lock.mkdir()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ import pytest
 
 from models.schema import VllmRuntime
 from operations import lockfile, runtime, vllm_build
+from conftest import uv_binary
 from testbed.wheel_index import WheelIndex
 
 OLD = "b" * 40
@@ -59,9 +59,7 @@ def pypi(index, monkeypatch):
 
 @pytest.fixture
 def uv_env(tmp_path_factory, index):
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.fail("uv is missing: run scripts/bootstrap.sh")
+    uv_binary()
     cache = tmp_path_factory.mktemp("uv-cache")
     # uv's default index is the PyPI stand-in; no user or site uv.toml
     return {**os.environ, "UV_CACHE_DIR": str(cache), "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1",
@@ -71,10 +69,10 @@ def uv_env(tmp_path_factory, index):
 def uv_install(env: dict, tmp_path, args: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
     """Real uv: a fresh venv, `uv pip install ARGS`; returns the result and what got installed."""
     venv = tmp_path / f"venv-{len(list(tmp_path.iterdir()))}"
-    subprocess.run(["uv", "venv", "--quiet", "--python", sys.executable, str(venv)], env=env, check=True)
-    result = subprocess.run(["uv", "pip", "install", "--python", str(venv / "bin" / "python"), *args],
+    subprocess.run([uv_binary(), "venv", "--quiet", "--python", sys.executable, str(venv)], env=env, check=True)
+    result = subprocess.run([uv_binary(), "pip", "install", "--python", str(venv / "bin" / "python"), *args],
                             env=env, capture_output=True, text=True, timeout=120)
-    listed = subprocess.run(["uv", "pip", "list", "--format", "json", "--python", str(venv / "bin" / "python")],
+    listed = subprocess.run([uv_binary(), "pip", "list", "--format", "json", "--python", str(venv / "bin" / "python")],
                             env=env, capture_output=True, text=True, check=True)
     return result, {p["name"]: p["version"] for p in json.loads(listed.stdout)}
 

@@ -147,37 +147,93 @@ def complete(url, model, key, timeout):
     return reply["choices"][0]["text"], round(time.monotonic() - sent, 3)
 
 
+# What a decode figure needs. The figure is the tokens that came after the first read over the wall
+# time from that read to the last; it means something only when they arrived spread over that span.
+# They can arrive bunched: vLLM's API server merges the deltas it has not yet sent into one chunk
+# when the engine gets ahead (vLLM 0.32 v1/engine/output_processor.py, RequestOutputCollector in
+# DELTA mode; --stream-interval N does it by design), and on a busy host it sends several chunks
+# at once, which the client reads back to back. Dividing the tokens by the span of a few bunched
+# reads printed 53054.4 tok/s on a 2-core host that decodes ~200 (issue 13).
+MIN_DECODE_TOKENS = 8  # tokens timed after the first read
+MIN_READS = 4  # separate reads that brought tokens after the first one
+BURST_GAP = 0.0003  # chunks read less than 0.3 ms apart came in one read (Python parses a chunk in ~20 us)
+MAX_BURST_SHARE = 0.5  # no single read may bring more than half of the timed tokens
+MIN_SPAN = 0.01  # seconds from the first read to the last
+# one decode step of one stream takes well over 0.3 ms in any vLLM build (scheduler, sampler, detokenizer,
+# API server, all in Python): a single stream above this rate is a timing artefact and is never printed
+MAX_TOKENS_PER_SECOND = 3000.0
+
+
+def decode_rate(arrivals, tokens):
+    """(tokens/s, None) from when a stream's token chunks arrived, or (None, why there is no figure).
+
+    ``arrivals``: (monotonic time the chunk was read, tokens it carried or None when unknown), in
+    order; ``tokens``: what the server generated (its usage count). Chunks of unknown size share
+    the server's count evenly.
+    """
+    if not arrivals:
+        return None, "no token arrived"
+    if any(n is None for _, n in arrivals):
+        arrivals = [(t, tokens / len(arrivals)) for t, _ in arrivals]
+    reads = [[arrivals[0]]]
+    for arrival in arrivals[1:]:
+        if arrival[0] - reads[-1][-1][0] < BURST_GAP:
+            reads[-1].append(arrival)
+        else:
+            reads.append([arrival])
+    later = [sum(n for _, n in read) for read in reads[1:]]
+    timed = sum(later)
+    if timed < MIN_DECODE_TOKENS:
+        return None, f"{tokens:.0f} tokens streamed, {timed:.0f} after the first read: at least {MIN_DECODE_TOKENS} are needed"
+    if len(later) < MIN_READS or max(later) > MAX_BURST_SHARE * timed:
+        return None, (f"the {tokens:.0f} tokens arrived bunched ({len(reads)} reads, up to {max(later):.0f} tokens in one): "
+                      "the time between them is not the decode time")
+    span = arrivals[-1][0] - arrivals[0][0]
+    if span < MIN_SPAN:
+        return None, f"first to last token in {span * 1000:.1f} ms: too short to time"
+    rate = timed / span
+    if rate > MAX_TOKENS_PER_SECOND:
+        return None, f"{rate:.0f} tok/s is above what one stream decodes (<= {MAX_TOKENS_PER_SECOND:.0f}): a timing artefact"
+    return round(rate, 1), None
+
+
 def benchmark(url, model, key, tokens, timeout):
-    """A streamed decode of `tokens` tokens: time to first token and decode tokens/s."""
+    """A streamed decode of `tokens` tokens: time to first token and decode tokens/s (or why there is no figure)."""
     body = json.dumps({
         "model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
         # vLLM sampling extension: decode all `tokens` even past an end-of-sequence token
-        "ignore_eos": True, "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        # the last chunk carries the server's own token count (OpenAI API stream_options)
+        "stream_options": {"include_usage": True},
+        # vLLM extension: each chunk lists the tokens it carries (vLLM 0.32 completion/protocol.py
+        # return_token_ids); a server that does not know it ignores it, and chunks share the count
+        "return_token_ids": True,
     }).encode()
     request = urllib.request.Request(url + "/v1/completions", data=body, headers=headers(key))
     sent = time.monotonic()
-    first = last = None
-    chunks = 0
+    arrivals = []
     usage = None
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         for raw in answer:
             line = raw.decode().strip()
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
+            now = time.monotonic()
             event = json.loads(line[5:])
             if event.get("usage"):
                 usage = event["usage"].get("completion_tokens")
-            if any(choice.get("text") for choice in event.get("choices", [])):
-                now = time.monotonic()
-                first = first or now
-                last = now
-                chunks += 1
-    generated = usage or chunks
-    result = {"benchmark_tokens": generated, "ttft_seconds": round(first - sent, 3) if first else None}
-    if first and last and last > first and generated > 1:
-        result["tokens_per_second"] = round((generated - 1) / (last - first), 1)
-    else:
-        result["tokens_per_second"] = None
+            for choice in event.get("choices", []):
+                # a chunk per step the server sent; its text may be empty (part of a multi-byte character)
+                ids = choice.get("token_ids")
+                arrivals.append((now, len(ids) if isinstance(ids, list) else None))
+    counted = sum(n for _, n in arrivals if n is not None) if all(n is not None for _, n in arrivals) else None
+    generated = usage or counted or len(arrivals)
+    rate, why = decode_rate(arrivals, generated)
+    result = {"benchmark_tokens": generated, "ttft_seconds": round(arrivals[0][0] - sent, 3) if arrivals else None,
+              "tokens_per_second": rate}
+    if why:
+        source = "" if usage or counted else " (tokens counted by chunks: the server sent no usage)"
+        result["decode_note"] = why + source
     return result
 
 
