@@ -99,13 +99,14 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     manifest.parent.mkdir()
     args = {"manifest": str(manifest), "folder": str(folder)}
     present = {"config.json": 2, "sub dir/model.safetensors": 100}
+    partial = {"ab.etag.incomplete": 7}  # counted apart, for the disk preflight
 
     assert local_host.get_fact(WeightsManifest, manifest=str(manifest), folder=str(tmp_path / "nothing")) == {
-        "state": "absent", "present": {},
+        "state": "absent", "present": {}, "partial": {},
     }
-    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present}
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present, "partial": partial}
     manifest.write_text("{not json")
-    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present}
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present, "partial": partial}
 
     entries = {}
     for name in ("config.json", "sub dir/model.safetensors"):
@@ -114,7 +115,7 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     manifest.write_text(json.dumps({"repo": "org/m", "commit": "0" * 40, "files": entries}))
     assert local_host.get_fact(WeightsManifest, **args) == {
         "state": "complete", "changed": [], "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102,
-        "present": present,
+        "present": present, "partial": partial,
     }
 
     os.utime(folder / "config.json", ns=(1, 1))  # same size, another mtime: an edit
@@ -122,6 +123,7 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     assert local_host.get_fact(WeightsManifest, **args) == {
         "state": "changed", "changed": ["config.json", "sub dir/model.safetensors"],
         "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102, "present": {"config.json": 2},
+        "partial": partial,
     }
 
 
@@ -245,3 +247,4 @@ def test_serving_probe_live(local_host, python3_on_path, tmp_path):
     probe = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT)
     assert probe["healthy"] is False and probe["completion"] is None
     assert probe["error"].startswith("/health: ")
+
