@@ -248,3 +248,26 @@ def test_serving_probe_live(local_host, python3_on_path, tmp_path):
     assert probe["healthy"] is False and probe["completion"] is None
     assert probe["error"].startswith("/health: ")
 
+
+def test_running_release_live(local_host, odd_dir):
+    """The release a process runs is the folder it was started in (its /proc/<pid>/cwd), read
+    through a pidfile; a process elsewhere runs no release; a dead one is not running."""
+    import subprocess
+
+    from operations.service import RunningRelease
+
+    releases = odd_dir / "releases"
+    (releases / "abc123").mkdir(parents=True)
+    pidfile = odd_dir / "run" / "serve.pid"
+    pidfile.parent.mkdir()
+    args = {"pid_source": f"pidfile:{pidfile}", "releases_dir": str(releases)}
+    assert local_host.get_fact(RunningRelease, **args) is None  # no pidfile
+    for cwd, release in ((releases / "abc123", "abc123"), (odd_dir, None)):
+        process = subprocess.Popen(["sleep", "60"], cwd=cwd)
+        try:
+            pidfile.write_text(f"{process.pid}\n")
+            assert local_host.get_fact(RunningRelease, **args) == {"pid": process.pid, "release": release}
+        finally:
+            process.kill()
+            process.wait()
+    assert local_host.get_fact(RunningRelease, **args) is None  # the pidfile names a dead process
