@@ -220,6 +220,7 @@ if manager == "systemd":
     service_op = service.systemd_unit(
         name=f"service {layout.unit_name}", unit=layout.unit_name,
         dependencies=[*stale_when_changed, unit_file], unit_file_op=unit_file,
+        release=release_id, releases_dir=layout.releases,
     )
     log_command = StringCommand("journalctl", "-u", QuoteString(layout.unit_name), "-n", "40", "--no-pager")
     pid_source = f"systemd:{layout.unit_name}"
@@ -229,6 +230,7 @@ else:
         name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
         pidfile=layout.pidfile, logfile=layout.logfile, dependencies=stale_when_changed,
         grace_seconds=stop_grace, user=user, home=layout.service_home,
+        release=release_id, releases_dir=layout.releases,
     )
     log_command = StringCommand("tail", "-n", "40", QuoteString(layout.logfile))
     pid_source = f"pidfile:{layout.pidfile}"

@@ -7,7 +7,11 @@ from any Hub-like server"), with the files' bytes sent by os.sendfile:
 
 - GET /api/models/{repo}/revision/{rev}: {"id", "sha"}
 - GET /api/models/{repo}/tree/{sha}?recursive=true: files with size and LFS sha256
-- HEAD/GET /{repo}/resolve/{sha}/{path}: X-Repo-Commit, ETag / X-Linked-Etag, X-Linked-Size, bytes
+- HEAD/GET /{repo}/resolve/{sha}/{path}: X-Repo-Commit, ETag / X-Linked-Etag, X-Linked-Size, bytes;
+  a GET with ``Range: bytes=N-`` (or ``N-M``) gets 206 and those bytes, as the Hub's CDN answers
+
+It counts what it sends: ``served[path]`` (body bytes written to the socket) and ``ranges`` (the
+Range headers seen, as ``(path, header)``), for tests that measure what a resumed download refetches.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ class StaticHub:
     def __init__(self, folder: Path, repo: str, commit: str | None = None, port: int = 0):
         self.folder, self.repo = Path(folder), repo
         self.files = {}
+        self.served: dict[str, int] = {}
+        self.ranges: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
         for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
             digest = hashlib.sha256()
             with open(path, "rb") as handle:
@@ -73,24 +80,52 @@ class StaticHub:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                size, sha = hub.files[match.group(1)]
-                self.send_response(200)
-                self.send_header("Content-Length", str(size))
+                name = match.group(1)
+                size, sha = hub.files[name]
+                start, end = 0, size
+                wanted = self.headers.get("Range") if send_body else None
+                if wanted:
+                    with hub.lock:
+                        hub.ranges.append((name, wanted))
+                    bounds = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted.strip())
+                    if not bounds or int(bounds.group(1)) >= size:
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{size}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                    start = int(bounds.group(1))
+                    end = min(size, int(bounds.group(2)) + 1) if bounds.group(2) else size
+                self.send_response(206 if wanted else 200)
+                if wanted:
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(end - start))
                 self.send_header("ETag", f'"{sha}"')
                 self.send_header("X-Linked-Etag", f'"{sha}"')
                 self.send_header("X-Linked-Size", str(size))
                 self.send_header("X-Repo-Commit", hub.commit)
                 self.end_headers()
                 if send_body:
-                    with open(hub.folder / match.group(1), "rb") as handle:
-                        offset = 0
-                        while offset < size:
-                            offset += os.sendfile(self.wfile.fileno(), handle.fileno(), offset, size - offset)
+                    with open(hub.folder / name, "rb") as handle:
+                        offset = start
+                        try:
+                            while offset < end:
+                                sent = os.sendfile(self.wfile.fileno(), handle.fileno(), offset, end - offset)
+                                offset += sent
+                                with hub.lock:
+                                    hub.served[name] = hub.served.get(name, 0) + sent
+                        except OSError:  # the client went away (a killed download)
+                            self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self.served, self.ranges = {}, []
 
     def __enter__(self) -> StaticHub:
         self.thread.start()

@@ -74,7 +74,8 @@ class ServingProbe(FactBase):
 
 
 def report_line(meta: dict, result: dict, endpoint: str) -> str:
-    """The per-host report: deployment, release, vLLM, model revision, endpoint, health, figures."""
+    """The per-host report: deployment, release (the one the process runs), vLLM, model revision,
+    endpoint, health, figures."""
 
     def seconds(key):
         value = result.get(key)
@@ -87,8 +88,10 @@ def report_line(meta: dict, result: dict, endpoint: str) -> str:
         decode = f"decode - ({result['decode_note']})"
     else:
         decode = "decode -"
+    # the release the probe read from the running process (/proc/<pid>/cwd), when it could
+    release = result.get("release") or meta.get("release")
     return (
-        f"report: deployment {meta.get('deployment')} release {meta.get('release')} "
+        f"report: deployment {meta.get('deployment')} release {release} "
         f"vLLM {meta.get('vllm')} model {meta.get('model')} endpoint {endpoint} "
         f"health {'ok' if result.get('healthy') else 'FAILED'} load {seconds('load_seconds')} "
         f"ttft {seconds('ttft_seconds')} {decode}"

@@ -1,8 +1,9 @@
 """Service: vLLM kept running under systemd, or under start-stop-daemon where a host has no systemd.
 
 Both paths share the launcher script and environment file rendered from templates/,
-and the same semantics: start when stopped, restart only when something the service
-depends on changed in this run, otherwise leave the process alone.
+and the same semantics: start when stopped, restart when something the service depends on
+changed in this run or when the running process was started from another release than
+``current`` (a run that died between the switch and the restart), otherwise leave it alone.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
@@ -47,6 +48,51 @@ class DaemonRunning(FactBase):
 
     def process(self, output):
         return output[0].strip() == "yes"
+
+
+class RunningRelease(FactBase):
+    """The release the running vLLM was started from: ``{"pid", "release"}``, or None when no process runs.
+
+    The launcher runs vLLM from its release folder (templates/serve.sh.j2: ``cd "$HERE"``, then exec),
+    so ``/proc/<pid>/cwd`` is ``<releases_dir>/<id>`` for the process's whole life; its argv and
+    environment can be rewritten by the process (setproctitle), its cwd cannot from outside.
+    ``release`` is None when the process runs from elsewhere (started by another launcher).
+    The process is systemd's MainPID of the unit (``systemd:UNIT``) or the pidfile's (``pidfile:PATH``).
+    """
+
+    def command(self, pid_source, releases_dir):
+        kind, _, value = pid_source.partition(":")
+        if kind == "systemd":
+            find = StringCommand("pid=$(systemctl show -p MainPID --value", QuoteString(value), "2>/dev/null)")
+        else:
+            find = StringCommand("pid=$(head -n 1", QuoteString(value), "2>/dev/null)")
+        return StringCommand(
+            find, ";", 'case "$pid" in', "''|0|*[!0-9]*)", "echo", "none", ";;", "*)",
+            "echo", '"pid=$pid"', ";", "readlink", '"/proc/$pid/cwd"', "||", "echo", "none", ";;", "esac",
+            ";", "echo", QuoteString(f"releases={releases_dir.rstrip('/')}"),
+        )
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        releases = next((line.partition("=")[2] for line in lines if line.startswith("releases=")), "")
+        pid = next((int(line[4:]) for line in lines if line.startswith("pid=") and line[4:].isdigit()), None)
+        cwd = next((line for line in lines if line.startswith("/")), None)
+        if pid is None or cwd is None:  # no process, or it is gone (no /proc/<pid>)
+            return None
+        folder, release = posixpath.split(cwd.rstrip("/"))
+        return {"pid": pid, "release": release if folder == releases and release else None}
+
+
+def stale_release(pid_source: str, releases_dir: str, release: str | None) -> str | None:
+    """Why the running process must be restarted though nothing changed in this run: it was started
+    from another release than ``release`` (a run that died after switching ``current``); else None."""
+    if not release or not pid_source:
+        return None
+    running = host.get_fact(RunningRelease, pid_source=pid_source, releases_dir=releases_dir)
+    if running is None or running["release"] == release:
+        return None
+    started = f"release {running['release']}" if running["release"] else "outside heavylift's releases"
+    return f"vLLM (pid {running['pid']}) runs {started}, not the current release {release}"
 
 
 def changed_in_this_run(dependencies: list[OperationMeta]) -> bool:
@@ -88,13 +134,17 @@ def systemd_restart(unit: str) -> list[StringCommand]:
 
 
 @operation()
-def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: OperationMeta | None = None):
+def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: OperationMeta | None = None,
+                 release: str | None = None, releases_dir: str = ""):
     """
-    A systemd unit enabled and running, restarted when a dependency changed.
+    A systemd unit enabled and running, restarted when a dependency changed or when it runs
+    another release than ``release``.
 
     + unit: the unit name, e.g. heavylift-kimi.service
     + dependencies: operations whose change means the running process is stale
     + unit_file_op: the operation that writes the unit file (triggers daemon-reload)
+    + release: the release id ``current`` names; the running process's is read (``RunningRelease``)
+    + releases_dir: the folder of the release folders
     """
     if unit_file_op is not None and changed_in_this_run([unit_file_op]):
         yield "systemctl daemon-reload"
@@ -105,8 +155,15 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
         yield StringCommand("systemctl", "start", "--no-block", QuoteString(unit))
     elif changed_in_this_run(dependencies):
         yield from systemd_restart(unit)
+    elif why := stale_release(f"systemd:{unit}", releases_dir, release):
+        logger.warning(f"{host.print_prefix}{why}: restarting {unit}")
+        yield from systemd_restart(unit)
     else:
-        host.noop(f"{unit} is running and nothing it depends on changed")
+        host.noop(f"{unit} is running{running_note(release)} and nothing it depends on changed")
+
+
+def running_note(release: str | None) -> str:
+    return f" release {release}" if release else ""
 
 
 def _start(launcher: str, env_file: str, pidfile: str, logfile: str, user: str | None = None, home: str | None = None):
@@ -142,7 +199,8 @@ def daemon_restart(launcher: str, env_file: str, pidfile: str, logfile: str, gra
 
 @operation()
 def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencies: list[OperationMeta],
-           running: bool = True, grace_seconds: int = 60, user: str | None = None, home: str | None = None):
+           running: bool = True, grace_seconds: int = 60, user: str | None = None, home: str | None = None,
+           release: str | None = None, releases_dir: str = ""):
     """
     The fallback for hosts without systemd: vLLM supervised by start-stop-daemon (dpkg).
 
@@ -155,6 +213,8 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
     + grace_seconds: how long a stop waits after SIGTERM before SIGKILL
     + user: the service user vLLM runs as (setpriv); root when unset
     + home: HOME of the service user
+    + release: the release id ``current`` names: a process started from another one is restarted
+    + releases_dir: the folder of the release folders
     """
     is_running = host.get_fact(DaemonRunning, pidfile=pidfile)
     if not running:
@@ -169,8 +229,12 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
     elif changed_in_this_run(dependencies):
         yield _stop(pidfile, grace_seconds)
         yield _start(launcher, env_file, pidfile, logfile, user, home)
+    elif why := stale_release(f"pidfile:{pidfile}", releases_dir, release):
+        logger.warning(f"{host.print_prefix}{why}: restarting it")
+        yield _stop(pidfile, grace_seconds)
+        yield _start(launcher, env_file, pidfile, logfile, user, home)
     else:
-        host.noop(f"{launcher} is running (pidfile {pidfile}) and nothing it depends on changed")
+        host.noop(f"{launcher} is running{running_note(release)} (pidfile {pidfile}) and nothing it depends on changed")
 
 
 def gpu_selection(deployment, gpus, where: str = "") -> str | None:

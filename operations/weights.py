@@ -6,19 +6,25 @@ Rules encoded here (huggingface_hub 2.4.0):
   (huggingface_hub/_snapshot_download.py, _local_folder.py).
 - Fresh downloads are only size-checked by the client, so heavylift hashes every file
   before it writes the manifest (FACTS: "Fresh downloads are only size-checked").
-- A file being downloaded into ``local_dir`` is written to
-  ``<local_dir>/.cache/huggingface/download/<dir>/<hash>.<etag>.incomplete`` and renamed into
-  place when complete (huggingface_hub/_local_folder.py ``incomplete_path``); the progress
-  lines of fetch_weights.py count those bytes too.
+- A file being downloaded into ``local_dir`` is written to a partial file
+  ``<local_dir>/.cache/huggingface/download/<dir>/<hash>.<etag>.incomplete``
+  (huggingface_hub/_local_folder.py ``incomplete_path``) and renamed into place when complete;
+  huggingface_hub 2.4.0 itself adds a process-unique part before ``.incomplete`` and never resumes
+  (file_download.py ``_download_to_tmp_and_move``, PR #4228), so fetch_weights.py downloads into
+  ``incomplete_path(etag)`` itself and resumes it with a Range request after a killed run. The
+  progress lines count partial bytes too.
 
 Before a byte moves, the bytes still needed (the listing's sizes minus files already present
-with their listed size) are checked against the free space of the content folder's file system
-(``FreeSpace``) plus a margin: a download that cannot fit fails before it starts.
+with their listed size, minus the partial files the fetch will resume) are checked against the free
+space of the content folder's file system (``FreeSpace``) plus the partial files the fetch will
+remove, and a margin: a download that cannot fit fails before it starts.
 """
 
 from __future__ import annotations
 
+import base64
 import fnmatch
+import hashlib
 import json
 import posixpath
 import re
@@ -78,7 +84,15 @@ def list_snapshot(repo: str, commit: str, endpoint: str | None, patterns: tuple[
 CHECK_MANIFEST = r"""
 import json, os, sys
 manifest, folder = sys.argv[1], sys.argv[2]
-present = {}
+present, partial = {}, {}
+download = os.path.join(folder, ".cache", "huggingface", "download")
+for base, dirs, names in os.walk(download):
+    for name in names:
+        if name.endswith(".incomplete"):
+            try:
+                partial[os.path.relpath(os.path.join(base, name), download)] = os.lstat(os.path.join(base, name)).st_size
+            except OSError:
+                pass
 for base, dirs, names in os.walk(folder):
     if base == folder and ".cache" in dirs:
         dirs.remove(".cache")
@@ -89,7 +103,7 @@ for base, dirs, names in os.walk(folder):
 try:
     entries = json.load(open(manifest))["files"]
 except (OSError, ValueError, KeyError):
-    print(json.dumps({"state": "absent", "present": present})); sys.exit(0)
+    print(json.dumps({"state": "absent", "present": present, "partial": partial})); sys.exit(0)
 changed = []
 for name, want in entries.items():
     try:
@@ -100,14 +114,15 @@ for name, want in entries.items():
         changed.append(name)
 print(json.dumps({"state": "changed" if changed else "complete", "changed": changed,
                   "files": sorted(entries), "bytes": sum(e["size"] for e in entries.values()),
-                  "present": present}))
+                  "present": present, "partial": partial}))
 """
 
 
 class WeightsManifest(FactBase):
     """A content folder checked against its manifest by size and mtime: reads no shard bytes.
 
-    ``present`` maps every file in the folder (outside ``.cache``) to its size on disk.
+    ``present`` maps every file in the folder (outside ``.cache``) to its size on disk;
+    ``partial`` every partial file under ``.cache/huggingface/download`` (its path there) to its size.
     """
 
     def command(self, manifest, folder):
@@ -138,6 +153,34 @@ class FreeSpace(FactBase):
         return {"path": lines[0], "free_bytes": int(match.group(3)) * 1024, "total_bytes": int(match.group(1)) * 1024}
 
 
+def partial_prefix(path: str) -> str:
+    """Where a repo file's partial files start, under ``.cache/huggingface/download``: its folder and
+    huggingface_hub 2.4.0's ``_short_hash`` of ``<name>.metadata`` (``_local_folder.py``, urlsafe base64
+    of the sha1), as ``fetch_weights.sort_partials`` reads them on the host."""
+    folder, name = posixpath.split(path)
+    digest = base64.urlsafe_b64encode(hashlib.sha1(f"{name}.metadata".encode()).digest()).decode()
+    return posixpath.join(folder, digest)
+
+
+def sort_partials(snapshot: Snapshot, to_fetch: tuple[str, ...], partial: dict[str, int]) -> tuple[int, int]:
+    """(bytes the fetch will resume, bytes of partial files it will remove): the rule of
+    ``fetch_weights.sort_partials``. A partial file is resumed when it is ``<prefix>.<etag>.incomplete``
+    of a file still to fetch that has the Hub's sha256, and no bigger than it (one per file: the commit
+    fixes the etag); every other one (a dead run's process-unique file, one of a file no longer needed) is removed."""
+    owners = {partial_prefix(f.path): f for f in snapshot.files if f.path in to_fetch and f.sha256}
+    resume: dict[str, int] = {}
+    stale = 0
+    for path, size in partial.items():
+        parent, name = posixpath.split(path)
+        parts = name.split(".")
+        owner = owners.get(posixpath.join(parent, parts[0]))
+        if owner and len(parts) == 3 and size <= owner.size:
+            resume[owner.path] = max(size, resume.get(owner.path, 0))
+        else:
+            stale += size
+    return sum(resume.values()), stale
+
+
 def human_bytes(count: float) -> str:
     """540.1 GB, 612.3 kB, 0 B: decimal units, as the Hub and df -H show them."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -157,13 +200,24 @@ class WeightsPlan:
     up_to_date: bool  # the manifest vouches for exactly these files: nothing to fetch or hash (in fast mode)
     free: dict | None  # FreeSpace of the content folder
     margin_bytes: int
+    resume_bytes: int = 0  # bytes of partial files a killed run left that the fetch resumes (not in fetch_bytes)
+    stale_bytes: int = 0  # bytes of partial files no run can resume: removed before the fetch
+
+    @property
+    def free_bytes(self) -> int | None:
+        """Free space once the fetch has removed the stale partial files."""
+        return None if self.free is None else self.free["free_bytes"] + self.stale_bytes
 
     @property
     def headroom_after(self) -> int | None:
-        return None if self.free is None else self.free["free_bytes"] - self.fetch_bytes
+        return None if self.free is None else self.free_bytes - self.fetch_bytes
 
     def summary(self) -> str:
         fetch = f"{len(self.to_fetch)} files, {human_bytes(self.fetch_bytes)} to fetch"
+        if self.resume_bytes:
+            fetch += f" ({human_bytes(self.resume_bytes)} more resumed from partial files)"
+        if self.stale_bytes:
+            fetch += f", {human_bytes(self.stale_bytes)} of a dead run's partial files to remove"
         verify = f"{len(self.to_verify)} files to re-verify"
         if self.free is None:
             room = "free space unknown (df failed)"
@@ -175,10 +229,11 @@ class WeightsPlan:
         """OperationError when the files still to fetch do not fit with the margin."""
         if not self.fetch_bytes or self.free is None:
             return
-        if self.fetch_bytes + self.margin_bytes > self.free["free_bytes"]:
+        if self.fetch_bytes + self.margin_bytes > self.free_bytes:
+            freed = f", {human_bytes(self.stale_bytes)} more once a dead run's partial files are removed" if self.stale_bytes else ""
             raise OperationError(
                 f"{self.label}: {human_bytes(self.fetch_bytes)} still to download but {self.free['path']} has "
-                f"{human_bytes(self.free['free_bytes'])} free (margin {self.margin_bytes / 1e9:g} GB). "
+                f"{human_bytes(self.free['free_bytes'])} free{freed} (margin {self.margin_bytes / 1e9:g} GB). "
                 "Fix: free space or set root to a bigger disk (or lower disk_margin_gb)."
             )
 
@@ -196,14 +251,17 @@ def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str 
         to_verify = tuple(f.path for f in snapshot.files if f.path not in to_fetch)
     else:
         to_verify = tuple(f.path for f in snapshot.files if f.path not in to_fetch and f.path not in vouched)
+    resume_bytes, stale_bytes = sort_partials(snapshot, to_fetch, found.get("partial", {}))
     plan = WeightsPlan(
         label=f"{snapshot.repo}@{snapshot.commit[:12]}",
         to_fetch=to_fetch,
-        fetch_bytes=sum(f.size for f in snapshot.files if f.path in to_fetch),
+        fetch_bytes=sum(f.size for f in snapshot.files if f.path in to_fetch) - resume_bytes,
         to_verify=to_verify,
         up_to_date=up_to_date,
         free=host.get_fact(FreeSpace, path=local_dir),
         margin_bytes=int(disk_margin_gb * 1e9),
+        resume_bytes=resume_bytes,
+        stale_bytes=stale_bytes,
     )
     return plan, found
 

@@ -2,7 +2,9 @@
 serving the tiny model with real vLLM (CPU) as the service user, behind an API key.
 
 One vLLM start is shared: first run (at -vvv) -> no-op run (finds the lock the first run gave
-back, recovers none, restarts nothing) -> dry run with --diff (shows the unit, never a secret) -> an upgrade
+back, recovers none, restarts nothing) -> a run killed right after switching `current` to a new release
+(its lock is recovered), then a run that finds vLLM on the old release and restarts it (two restarts)
+-> dry run with --diff (shows the unit, never a secret) -> an upgrade
 with a flag vLLM rejects, while a second run is blocked by the host lock -> the gate fails,
 the previous release is put back, restarted, gated again, and still answers. Throughout, a
 watcher reads every process's argv on this machine (the test host shares its PID namespace)
@@ -112,6 +114,62 @@ def test_noop_run_finds_the_lock_free_and_restarts_nothing(site):
     assert read_pid(host) == pid
     assert "[host1] report: deployment tiny-llama" in second.output
     print(f"\nno-op run {time.monotonic() - started:.1f} s")
+
+
+def test_a_run_killed_between_the_switch_and_the_restart_is_converged_by_the_next(site):
+    """A run dies (SIGKILL of pyinfra) right after `current` moved to a new release, before the
+    restart: vLLM still runs the old release. The next run reads the release the process was
+    started from (/proc/<pid>/cwd), restarts it onto `current`, and reports the release that runs."""
+    import os
+    import signal
+    import subprocess
+
+    from conftest import PYINFRA
+
+    host = site["host"]
+    old, pid = current_release(host), read_pid(host)
+    site["write"](extra_args=["--max-num-seqs", "4"])  # a new release: the launcher's arguments change
+    current_link = host.view(f"{DEPLOYMENT_DIR}/current")
+    killed = subprocess.Popen([PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **SECRET_ENV})
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and killed.poll() is None:
+            if os.readlink(current_link).rsplit("/", 1)[-1] != old:
+                killed.send_signal(signal.SIGSTOP)  # frozen at once: no later command goes out
+                break
+            time.sleep(0.005)
+        else:
+            pytest.fail("the run never switched `current`")
+    finally:
+        killed.kill()
+        killed.wait()
+    new = current_release(host)
+    assert new != old
+    # the state the fault leaves: `current` names the new release, vLLM still runs the old one
+    assert read_pid(host) == pid, "the killed run got as far as the restart: nothing to converge"
+    assert os.readlink(f"/proc/{pid}/cwd").endswith(f"/releases/{old}")
+
+    converged = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(converged.output)
+    assert converged.returncode == 0, converged.output[-5000:]
+    assert f"vLLM (pid {pid}) runs release {old}, not the current release {new}: restarting it" in converged.output, \
+        converged.output[-5000:]
+    assert "service (start-stop-daemon)" in converged.changed_operations(), converged.output[-5000:]
+    assert re.search(rf"\[host1\] report: deployment tiny-llama release {new} .* health ok", converged.output), \
+        converged.output[-5000:]
+    running = read_pid(host)
+    assert running != pid and os.readlink(f"/proc/{running}/cwd").endswith(f"/releases/{new}")
+    assert "--max-num-seqs" in Path(f"/proc/{running}/cmdline").read_bytes().decode(errors="replace")
+    status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
+    assert status["release"] == new and status["healthy"]
+    # converged: the next run is a no-op again and restarts nothing
+    again = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    assert again.returncode == 0 and again.changed_operations() == [], again.output[-4000:]
+    assert read_pid(host) == running
+    site["write"]()
+    back = run_pyinfra(site["inventory"], env=SECRET_ENV)  # the site as the later tests expect it
+    assert back.returncode == 0, back.output[-4000:]
 
 
 def test_dry_diff_shows_the_unit_and_never_a_secret(site):

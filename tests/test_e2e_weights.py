@@ -12,7 +12,10 @@ Hub client venv, the host scripts, weights.downloaded), then:
     with a clear message and no manifest, in bounded time;
 (g) connections cut mid-shard: the pull completes with the right bytes;
 (h) SIGKILL of the run and its host-side download mid-shard: nothing is left running, no manifest;
-    the next run fetches only what is missing (the finished shard keeps its inode and mtime).
+    the next run fetches only what is missing (the finished shard keeps its inode and mtime) and
+    removes the partial file it cannot check (olah gives no sha256);
+(i) SIGKILL mid-way through four shards pulled 4 at a time from a Range-capable stand-in that
+    counts bytes: the next run is served exactly the missing bytes and leaves no partial file.
 Faults come from testbed.fault_proxy between the host and the mirror.
 """
 
@@ -94,7 +97,7 @@ def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
     content = f"{ROOT}/models/heavylift--tiny-llama/{commit}"
     yield {"bed": bed, "host": bed["weights1"], "inventory": inventory, "deploy": deploy, "write": write,
            "content": content, "manifest": f"{content}.manifest.json", "commit": commit, "proxy": proxy,
-           "mirror": hub_mirror}
+           "mirror": hub_mirror, "warm_uv_cache": warm_uv_cache}
     proxy.stop()
 
 
@@ -336,5 +339,87 @@ def test_h_sigkill_mid_shard_then_the_next_run_fetches_only_what_is_missing(site
     for name, before in kept.items():  # finished shards are never fetched again
         after = stat(host, f"{site['content']}/{name}")
         assert (after[0], after[2]) == (before[0], before[2]), name
+    # olah gives no sha256 for plain git blobs: a partial file could not be checked, so it is removed
+    assert "partial files no run can resume" in resumed.output, resumed.output[-3000:]
+    assert list(incomplete_dir.rglob("*.incomplete")) == []
     assert_pulled_right(site)
     site["write"]()
+
+
+def test_i_killed_pull_with_several_workers_resumes_its_partial_files(site, tmp_path):
+    """SIGKILL of the host's fetch mid-way through four 24 MiB shards pulled 4 at a time from a
+    Range-capable Hub stand-in (benchmarks/static_hub.py, which counts the bytes it serves): the next
+    run asks each shard for the bytes from its partial file on (Range), is served exactly what was
+    missing, leaves no partial file, and the manifest verifies against the Hub's sha256."""
+    from benchmarks.static_hub import StaticHub
+    from testbed.tiny_model import write_tiny_llama
+
+    host = site["host"]
+    published = tmp_path / "published"
+    write_tiny_llama(published)
+    big = {f"extra-0000{i}-of-00004.safetensors": 24 << 20 for i in range(1, 5)}
+    for name, size in big.items():
+        (published / name).write_bytes(os.urandom(size))
+    inventory = tmp_path / "resume-site.py"  # its own lock file: the stand-in's commit
+    with StaticHub(published, "heavylift/tiny-llama", "5" * 40) as hub, FaultProxy(int(hub.url.rsplit(":", 1)[1])) as proxy:
+        content = f"{ROOT}/models/heavylift--tiny-llama/{hub.commit}"
+        site["bed"].write_inventory(inventory, host_data={"weights1": {
+            "model": "tiny-llama", "root": ROOT, "hf_endpoint": proxy.url, "uv_cache_dir": site["warm_uv_cache"],
+            "vllm": VLLM_CPU, "disk_margin_gb": 0, "download_workers": 4,
+        }})
+        resume_run = {**site, "inventory": inventory}
+        proxy.set("slow", rate=2_500_000)  # per connection: ~10 s for the 4 shards
+        partials = host.view(f"{content}/.cache/huggingface/download")
+        log = tmp_path / "killed-run.log"
+        pyinfra = subprocess.Popen(
+            [PYINFRA, "-y", str(inventory), str(site["deploy"])], cwd=REPO_ROOT,
+            stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "HEAVYLIFT_PROGRESS_SECONDS": "0.2"},
+        )
+        try:
+            # huggingface_hub writes 10 MiB at a time: wait until three shards have bytes on disk
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if len([size for size in incomplete_sizes(partials) if size]) >= 3:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail(f"never saw three shards half-downloaded:\n{log.read_text()[-3000:]}")
+            parents = [pid for pid, argv in fetch_processes(host).items() if "--download" not in argv]
+            assert parents, log.read_text()[-3000:]
+            for pid in parents:
+                os.kill(pid, signal.SIGKILL)
+            pyinfra.send_signal(signal.SIGKILL)
+            pyinfra.wait(timeout=30)
+        finally:
+            proxy.heal()
+            if pyinfra.poll() is None:
+                pyinfra.kill()
+        deadline = time.monotonic() + 10
+        while fetch_processes(host) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fetch_processes(host) == {}, "the download child outlived the killed run"
+        content_view = host.view(content)
+        finished = {name for name in big if (content_view / name).is_file()}
+        kept = sum(incomplete_sizes(partials))
+        assert kept >= 2 * (10 << 20), kept
+        missing = sum(size for name, size in big.items() if name not in finished) - kept
+        from_zero = sum(size for name, size in big.items() if name not in finished)  # what a fresh start would fetch
+        served_before = sum(hub.served.get(name, 0) for name in big)
+
+        hub.reset_counts()
+        resumed = run(resume_run, "-vvv")
+        assert resumed.returncode == 0, resumed.output[-5000:]
+        served = sum(hub.served.get(name, 0) for name in big)
+        print(f"killed after {served_before} bytes served; {kept} kept in partial files; refetched {served} "
+              f"of {missing} missing ({served / missing:.2f}x; from byte 0 it would be {from_zero / missing:.2f}x)")
+        assert served == missing, resumed.output[-3000:]
+        assert len([r for r in hub.ranges if r[0] in big]) >= 2, hub.ranges
+        assert re.search(r"resuming \d+ partial files \([\d.]+ MB kept\)", resumed.output), resumed.output[-3000:]
+        assert list(partials.rglob("*.incomplete")) == []
+        manifest = json.loads(host.run(f"cat {content}.manifest.json").stdout)
+        assert set(big) <= set(manifest["files"])
+        for name, entry in manifest["files"].items():  # the Hub's LFS sha256 of every file
+            assert entry["sha256"] == hub.files[name][1], name
+        for name in big:
+            assert host.run(["sha256sum", f"{content}/{name}"]).stdout.split()[0] == hub.files[name][1], name
+        host.run(["rm", "-rf", content, f"{content}.manifest.json"], check=True)

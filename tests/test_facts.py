@@ -100,13 +100,14 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     manifest.parent.mkdir()
     args = {"manifest": str(manifest), "folder": str(folder)}
     present = {"config.json": 2, "sub dir/model.safetensors": 100}
+    partial = {"ab.etag.incomplete": 7}  # counted apart, for the disk preflight
 
     assert local_host.get_fact(WeightsManifest, manifest=str(manifest), folder=str(tmp_path / "nothing")) == {
-        "state": "absent", "present": {},
+        "state": "absent", "present": {}, "partial": {},
     }
-    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present}
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present, "partial": partial}
     manifest.write_text("{not json")
-    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present}
+    assert local_host.get_fact(WeightsManifest, **args) == {"state": "absent", "present": present, "partial": partial}
 
     entries = {}
     for name in ("config.json", "sub dir/model.safetensors"):
@@ -115,7 +116,7 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     manifest.write_text(json.dumps({"repo": "org/m", "commit": "0" * 40, "files": entries}))
     assert local_host.get_fact(WeightsManifest, **args) == {
         "state": "complete", "changed": [], "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102,
-        "present": present,
+        "present": present, "partial": partial,
     }
 
     os.utime(folder / "config.json", ns=(1, 1))  # same size, another mtime: an edit
@@ -123,6 +124,7 @@ def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):
     assert local_host.get_fact(WeightsManifest, **args) == {
         "state": "changed", "changed": ["config.json", "sub dir/model.safetensors"],
         "files": ["config.json", "sub dir/model.safetensors"], "bytes": 102, "present": {"config.json": 2},
+        "partial": partial,
     }
 
 
@@ -247,3 +249,27 @@ def test_serving_probe_live(local_host, python3_on_path, tmp_path):
     probe = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT)
     assert probe["healthy"] is False and probe["completion"] is None
     assert probe["error"].startswith("/health: ")
+
+
+def test_running_release_live(local_host, odd_dir):
+    """The release a process runs is the folder it was started in (its /proc/<pid>/cwd), read
+    through a pidfile; a process elsewhere runs no release; a dead one is not running."""
+    import subprocess
+
+    from operations.service import RunningRelease
+
+    releases = odd_dir / "releases"
+    (releases / "abc123").mkdir(parents=True)
+    pidfile = odd_dir / "run" / "serve.pid"
+    pidfile.parent.mkdir()
+    args = {"pid_source": f"pidfile:{pidfile}", "releases_dir": str(releases)}
+    assert local_host.get_fact(RunningRelease, **args) is None  # no pidfile
+    for cwd, release in ((releases / "abc123", "abc123"), (odd_dir, None)):
+        process = subprocess.Popen(["sleep", "60"], cwd=cwd)
+        try:
+            pidfile.write_text(f"{process.pid}\n")
+            assert local_host.get_fact(RunningRelease, **args) == {"pid": process.pid, "release": release}
+        finally:
+            process.kill()
+            process.wait()
+    assert local_host.get_fact(RunningRelease, **args) is None  # the pidfile names a dead process

@@ -367,6 +367,17 @@ def test_plan_line_logged_at_prepare_not_while_executing(caplog):
     assert not [r for r in caplog.records if "weights" in r.getMessage()]
 
 
+def test_plan_line_names_resumed_and_stale_partial_bytes():
+    from operations.weights import WeightsPlan
+
+    plan = WeightsPlan(label="org/m@0123456789ab", to_fetch=("a", "b"), fetch_bytes=2 * 10**9, to_verify=(),
+                       up_to_date=False, free={"path": "/r", "free_bytes": 10**9, "total_bytes": 10**12},
+                       margin_bytes=0, resume_bytes=3 * 10**9, stale_bytes=4 * 10**9)
+    assert plan.summary() == ("2 files, 2.0 GB to fetch (3.0 GB more resumed from partial files), 4.0 GB of a dead "
+                              "run's partial files to remove, 0 files to re-verify, 3.0 GB free after on /r")
+    plan.check_fits()  # 2 GB fit 1 GB free + 4 GB freed
+
+
 def test_preflight_raises_before_any_operation():
     from pyinfra.api import OperationError
     from pyinfra.context import ctx_host, ctx_state
@@ -404,10 +415,8 @@ def test_download_child_reads_the_hub_token_from_its_file(tmp_path, monkeypatch)
     """Gated repos: the token comes from a 0600 file named in the request, never from argv or the request."""
     import io
 
-    import huggingface_hub
-
     calls = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(fetch_weights, "fetch_file", lambda spec, name, token: calls.append((name, token)))
     token_file = tmp_path / "hub.token"
     token_file.write_text("hf_fake_token_for_tests\n")
     spec = {"repo": "org/m", "commit": "0" * 40, "local_dir": str(tmp_path / "c"), "workers": 2, "endpoint": None}
@@ -417,5 +426,87 @@ def test_download_child_reads_the_hub_token_from_its_file(tmp_path, monkeypatch)
         monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(["a b.safetensors"])))
         fetch_weights.download_child(str(request))
         assert "hf_fake_token_for_tests" not in request.read_text()
-    assert [c["token"] for c in calls] == ["hf_fake_token_for_tests", None]
-    assert calls[0]["allow_patterns"] == ["a b.safetensors"]
+    assert calls == [("a b.safetensors", "hf_fake_token_for_tests"), ("a b.safetensors", None)]
+
+
+# --- resuming a killed run's partial files, against a real Range-capable Hub stand-in ------------
+
+@pytest.fixture
+def static_hub(tmp_path):
+    """benchmarks/static_hub.py serving three 3 MB shards and a config at a fixed commit, counting bytes."""
+    from benchmarks.static_hub import StaticHub
+
+    published = tmp_path / "published"
+    (published / "sub").mkdir(parents=True)
+    for name in ("sub/s1.safetensors", "s2.safetensors", "s3.safetensors"):
+        (published / name).write_bytes(os.urandom(3_000_000))
+    (published / "config.json").write_bytes(b'{"a": 1}')
+    with StaticHub(published, "org/m", "c" * 40) as hub:
+        yield hub
+
+
+def hub_spec(hub, tmp_path, workers=3):
+    folder = tmp_path / "content"
+    spec = {"repo": hub.repo, "commit": hub.commit, "local_dir": str(folder), "manifest": str(tmp_path / "m.json"),
+            "workers": workers, "endpoint": hub.url, "verify": "fast", "tries": 2, "stall_seconds": 30,
+            "files": [{"path": name, "size": size, "sha256": sha if name.endswith(".safetensors") else None}
+                      for name, (size, sha) in hub.files.items()]}
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(spec))
+    return str(path), folder
+
+
+def partial_path(folder, name, etag):
+    """Where fetch_file keeps a file's bytes while it downloads: huggingface_hub's incomplete_path(etag)."""
+    from huggingface_hub._local_folder import get_local_download_paths
+
+    return get_local_download_paths(Path(folder), name).incomplete_path(etag)
+
+
+def test_fetch_resumes_partial_files_with_range_requests_and_removes_stale_ones(static_hub, tmp_path, capsys):
+    hub = static_hub
+    spec_path, folder = hub_spec(hub, tmp_path)
+    files = {name: (hub.folder / name).read_bytes() for name in hub.files}
+    sha = {name: digest for name, (_, digest) in hub.files.items()}
+    # what a SIGKILLed run leaves: two shards half written under the resumable name; one under
+    # huggingface_hub 2.4.0's own process-unique name (from before heavylift resumed); a partial
+    # file of a config (no sha256: never resumed)
+    partial_path(folder, "sub/s1.safetensors", sha["sub/s1.safetensors"]).write_bytes(files["sub/s1.safetensors"][:1_000_000])
+    partial_path(folder, "s2.safetensors", sha["s2.safetensors"]).write_bytes(files["s2.safetensors"][:2_500_000])
+    unique = partial_path(folder, "s3.safetensors", sha["s3.safetensors"])
+    unique = unique.with_name(f"{unique.stem}.0a1b2c3d.incomplete")
+    unique.write_bytes(files["s3.safetensors"][:1_500_000])
+    config_partial = partial_path(folder, "config.json", "e" * 40)
+    config_partial.write_bytes(b'{"a"')
+
+    fetch_weights.main(spec_path)
+
+    out = capsys.readouterr().out
+    assert "removed 2 partial files no run can resume, 1.5 MB" in out
+    assert "resuming 2 partial files (3.5 MB kept)" in out
+    assert hub.served == {"sub/s1.safetensors": 2_000_000, "s2.safetensors": 500_000, "s3.safetensors": 3_000_000,
+                          "config.json": 8}
+    assert sorted(hub.ranges) == [("s2.safetensors", "bytes=2500000-"), ("sub/s1.safetensors", "bytes=1000000-")]
+    for name, data in files.items():
+        assert (folder / name).read_bytes() == data, name
+    assert list(folder.rglob("*.incomplete")) == []
+    manifest = json.loads((tmp_path / "m.json").read_text())["files"]
+    assert {name: entry["sha256"] for name, entry in manifest.items()} == {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
+    # the folder ends as snapshot_download leaves it: its metadata names the commit
+    from huggingface_hub._local_folder import read_download_metadata
+
+    assert read_download_metadata(folder, "sub/s1.safetensors").commit_hash == hub.commit
+
+
+def test_fetch_torn_partial_fails_its_hash_and_is_fetched_again(static_hub, tmp_path, capsys):
+    """A power cut can leave a partial file whose bytes are not the file's: resumed, it fails the Hub's
+    sha256, is deleted and fetched whole."""
+    hub = static_hub
+    spec_path, folder = hub_spec(hub, tmp_path, workers=1)
+    sha = hub.files["s2.safetensors"][1]
+    partial_path(folder, "s2.safetensors", sha).write_bytes(os.urandom(1_000_000))
+    fetch_weights.main(spec_path)
+    assert "FAILED s2.safetensors: sha256" in capsys.readouterr().out
+    assert hub.served["s2.safetensors"] == 2_000_000 + 3_000_000
+    assert (folder / "s2.safetensors").read_bytes() == (hub.folder / "s2.safetensors").read_bytes()
+    assert list(folder.rglob("*.incomplete")) == []

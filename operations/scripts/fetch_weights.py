@@ -10,7 +10,12 @@ the folder is changed.
    Present files the manifest does not vouch for are hashed too. A file whose sha256 differs
    from the manifest's (or the Hub's LFS sha256), or whose size differs from the listing, is
    deleted so that the download fetches it again.
-2. huggingface_hub fetches only the missing files, in a child process watched by this one:
+2. The missing files are fetched in a child process watched by this one, each through
+   huggingface_hub's own HTTP code (``http_get``) into a partial file of a fixed name, so that a
+   killed run's partial file is resumed by the next one with a Range request (see
+   ``fetch_file``). Partial files no run can resume (a dead run's, under huggingface_hub's own
+   process-unique names, or of files no longer wanted) are removed first.
+   The child is watched:
    a progress line (bytes done/total, rate, ETA) every HEAVYLIFT_PROGRESS_SECONDS seconds
    (default 10), whole lines for pyinfra. When no byte arrives for ``stall_seconds`` the child
    is killed and started again (hf-xet 1.5.1 could stall forever on ~500 GB pulls, xet-core
@@ -23,9 +28,10 @@ One fetch at a time per content folder: a second one waits on ``<manifest>.lock`
 Usage of the child: fetch_weights.py --download SPEC.json (the file names to fetch on stdin).
 """
 
+import base64
 import ctypes
 import fcntl
-import glob
+import hashlib
 import json
 import os
 import signal
@@ -153,8 +159,121 @@ def download_watched(spec_path, spec, need, total, out=None, command=None):
     )
 
 
+# Partial files (huggingface_hub 2.4.0, _local_folder.py and file_download.py): a file ``a/b.bin``
+# of the repo is downloaded next to its metadata ``<local_dir>/.cache/huggingface/download/a/b.bin.metadata``
+# into ``<short>.<etag>.incomplete``, ``<short>`` being ``_short_hash("b.bin.metadata")`` (urlsafe
+# base64 of its sha1: no dot in it) (``LocalDownloadFilePaths.incomplete_path``). Since huggingface_hub
+# PR #4228, ``_download_to_tmp_and_move`` adds a process-unique part, ``<short>.<etag>.<8 hex>.incomplete``,
+# opens it with "wb" and deletes it when the download raises: a new process never resumes it, and a
+# SIGKILLed one leaves it behind for good. heavylift writes ``incomplete_path(etag)`` itself (``fetch_file``),
+# the name without the random part, and resumes it.
+
+
+def short_hash(metadata_name):
+    """huggingface_hub 2.4.0 ``_local_folder._short_hash``: the partial file's prefix."""
+    return base64.urlsafe_b64encode(hashlib.sha1(metadata_name.encode()).digest()).decode()
+
+
+def partial_files(folder):
+    """Every ``.incomplete`` file under ``<folder>/.cache/huggingface/download``: path -> size."""
+    found = {}
+    for base, _dirs, names in os.walk(os.path.join(folder, CACHE, "huggingface", "download")):
+        for name in names:
+            if name.endswith(".incomplete"):
+                try:
+                    found[os.path.join(base, name)] = os.lstat(os.path.join(base, name)).st_size
+                except OSError:
+                    pass
+    return found
+
+
+def resumable_prefixes(folder, wanted):
+    """``<download dir>/<short>`` -> (repo path, size) for the files a partial file may be resumed for:
+    those with the Hub's sha256 (a torn partial file then fails its hash; a file without one is
+    only size-checked, so it starts from byte 0)."""
+    download = os.path.join(folder, CACHE, "huggingface", "download")
+    prefixes = {}
+    for name, want in wanted.items():
+        if want.get("sha256"):
+            parent, base = os.path.split(os.path.join(download, *name.split("/")))
+            prefixes[os.path.join(parent, short_hash(base + ".metadata"))] = (name, want["size"])
+    return prefixes
+
+
+def sort_partials(folder, wanted, need):
+    """Split the partial files into (resumable: repo path -> bytes, stale: path -> bytes).
+
+    Resumable: ``<short>.<etag>.incomplete`` of a file still needed, with a sha256 and no more bytes
+    than the file. Stale: every other one (a dead run's process-unique files, a file no longer needed,
+    one without a sha256). Called with the content folder's lock held: no other fetch writes there."""
+    prefixes = resumable_prefixes(folder, {name: wanted[name] for name in need})
+    resumable, stale = {}, {}
+    for path, size in partial_files(folder).items():
+        parent, base = os.path.split(path)
+        parts = base.split(".")
+        owner = prefixes.get(os.path.join(parent, parts[0]))
+        if owner and len(parts) == 3 and size <= owner[1]:  # one per file: the pinned commit fixes the etag
+            resumable[owner[0]] = max(size, resumable.get(owner[0], 0))
+            continue
+        stale[path] = size
+    return resumable, stale
+
+
+def fetch_file(spec, name, token):
+    """One file of the snapshot into the content folder, resuming the partial file a killed run left.
+
+    huggingface_hub 2.4.0's own parts do the work: ``get_hf_file_metadata`` (HEAD: etag, size,
+    redirect), ``http_get(resume_size=N)`` (``Range: bytes=N-``; a server that answers 200 instead
+    has the file truncated and sent whole; lost connections resumed 5 times), the per-file lock
+    ``WeakFileLock(lock_path)`` that its own downloads hold, and ``write_download_metadata``, so the
+    folder ends as ``snapshot_download`` leaves it. Xet-backed files go over HTTP too (the Hub's
+    resolve URL serves them, as huggingface_hub does when hf_xet is absent): ``xet_get`` writes a fresh
+    process-unique file as well (file_download.py ``_download_to_tmp_and_move``), so it cannot resume."""
+    from pathlib import Path
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
+    from huggingface_hub.file_download import _is_same_or_hub_host, http_get
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    local_dir, endpoint = Path(spec["local_dir"]), spec.get("endpoint")
+    url = hf_hub_url(spec["repo"], name, revision=spec["commit"], endpoint=endpoint)
+    metadata = get_hf_file_metadata(url, token=token, endpoint=endpoint, retry_on_errors=True)
+    headers = build_hf_headers(token=token)
+    target = url
+    if metadata.xet_file_data is None and metadata.location != url:  # as _get_metadata_or_catch_error does
+        target = metadata.location
+        if not _is_same_or_hub_host(url, target):
+            headers.pop("authorization", None)  # a signed CDN URL
+    paths = get_local_download_paths(local_dir, name)
+    partial = paths.incomplete_path(metadata.etag)
+    with WeakFileLock(paths.lock_path):
+        for other in partial.parent.glob(partial.name.split(".")[0] + ".*.incomplete"):
+            if other != partial:  # another etag's, or a process-unique one
+                other.unlink(missing_ok=True)
+        with open(partial, "ab") as handle:
+            have = handle.tell()
+            if have and (not spec_sha256(spec, name) or (metadata.size is not None and have > metadata.size)):
+                handle.truncate(0)
+                have = 0
+            http_get(target, handle, resume_size=have, headers=headers, expected_size=metadata.size,
+                     displayed_filename=name)
+        os.replace(partial, paths.file_path)
+    write_download_metadata(local_dir=local_dir, filename=name, commit_hash=metadata.commit_hash or spec["commit"],
+                            etag=metadata.etag)
+
+
+def spec_sha256(spec, name):
+    for entry in spec["files"]:
+        if entry["path"] == name:
+            return entry.get("sha256")
+    return None
+
+
 def download_child(spec_path):
-    """The child: huggingface_hub fetches the names given on stdin (exit code != 0 on failure)."""
+    """The child: fetches the names given on stdin, ``workers`` at a time (exit code != 0 on failure)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     with open(spec_path) as handle:
         spec = json.load(handle)
     need = json.load(sys.stdin)
@@ -162,17 +281,9 @@ def download_child(spec_path):
     if spec.get("token_file"):
         with open(spec["token_file"]) as handle:
             token = handle.read().strip() or None
-    from huggingface_hub import snapshot_download
-
-    snapshot_download(
-        repo_id=spec["repo"],
-        revision=spec["commit"],
-        local_dir=spec["local_dir"],
-        allow_patterns=[glob.escape(name) for name in need],
-        max_workers=spec["workers"],
-        endpoint=spec.get("endpoint"),
-        token=token,
-    )
+    with ThreadPoolExecutor(max_workers=max(1, int(spec["workers"]))) as pool:
+        for _ in pool.map(lambda name: fetch_file(spec, name, token), need):
+            pass
 
 
 def load_manifest(path):
@@ -243,12 +354,18 @@ def main(spec_path, download=None):
 
     # 2. fetch what is missing; the manifest goes first, before the folder changes
     need = sorted(name for name in wanted if name not in trusted)
+    resumable, stale = sort_partials(folder, wanted, need)
+    for path in stale:
+        os.remove(path)
+    if stale:
+        print(f"removed {len(stale)} partial files no run can resume, {human_bytes(sum(stale.values()))}", flush=True)
     if need:
         remove_manifest(manifest_path)
         for name in bad + wrong_size:
             os.remove(os.path.join(folder, name))
-        total = sum(wanted[name]["size"] for name in need)
-        print(f"downloading {len(need)} files, {human_bytes(total)}", flush=True)
+        total = sum(wanted[name]["size"] - resumable.get(name, 0) for name in need)
+        resumed = f", resuming {len(resumable)} partial files ({human_bytes(sum(resumable.values()))} kept)" if resumable else ""
+        print(f"downloading {len(need)} files, {human_bytes(total)}{resumed}", flush=True)
         fetch_started = time.monotonic()
         try:
             download(spec_path, spec, need, total)

@@ -138,6 +138,16 @@ def started_at(pid):
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def running_release(pid):
+    """The release folder the process was started from: the launcher runs vLLM from it
+    (templates/serve.sh.j2 ``cd "$HERE"``), so /proc/<pid>/cwd is .../releases/<id>; else None."""
+    try:
+        folder, release = os.path.split(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+    return release if os.path.basename(folder) == "releases" and release else None
+
+
 def complete(url, model, key, timeout):
     body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}).encode()
     request = urllib.request.Request(url + "/v1/completions", data=body, headers=headers(key))
@@ -254,6 +264,9 @@ def probe(args):
     result["health_seconds"] = round(time.monotonic() - started, 1)
     pid = main_pid(args.pid_source)
     began = started_at(pid) if pid else None
+    release = running_release(pid) if pid else None
+    if release:  # what really runs, over what the run meant to start
+        result["release"] = release
     if result["healthy"] and began:
         # from the process start to /health answering: loading, warm-up, graph capture
         result["load_seconds"] = round(healthy_at - began, 1)
