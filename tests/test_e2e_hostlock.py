@@ -73,6 +73,6 @@ def test_a_killed_run_leaves_its_lock_and_the_next_run_recovers_it(bed):
 
     after = run_pyinfra(bed.inventory, deploy=DEPLOY, timeout=120)
     assert after.returncode == 0, after.output[-3000:]
-    assert f"recovered a stale lock of pyinfra run of " in after.output
+    assert "recovered a stale lock of pyinfra run of " in after.output
     assert f"(pid {killed.pid})" in after.output
     assert not lock_exists(bed)

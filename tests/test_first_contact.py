@@ -25,7 +25,6 @@ venv's install alone took 180 s on a loaded machine).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
