@@ -17,31 +17,32 @@ side by side on the one GPU, each with a share of its memory.
 
 import os
 
-PAYLOAD = os.environ.get("HEAVYLIFT_PAYLOAD", "/tmp/hl/payload")
-WHEELHOUSE = f"{PAYLOAD}/wheelhouse"
+_PAYLOAD = os.environ.get("HEAVYLIFT_PAYLOAD", "/tmp/hl/payload")
+_WHEELHOUSE = f"{_PAYLOAD}/wheelhouse"
 
 # vLLM 0.26.0 requirements a dense or MLA text model never imports, left out of the offline wheelhouse
 # (scripts/gpu_payload.py EXCLUDED; the image's own opencv and numba serve any import of them)
-NOT_CARRIED = [
+_NOT_CARRIED = [
     "torchcodec", "pynvvideocodec", "flashinfer-python", "tilelang", "nvidia-cudnn-frontend", "fastsafetensors",
     "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla", "humming-kernels",
     "opencv-python-headless", "numba", "llvmlite",
 ]
 
-DEPLOYMENTS = {
+_DEPLOYMENTS = {
     "llama-8b": {"model": "llama-3.1-8b-shape", "port": 8000, "hf_endpoint": "http://127.0.0.1:8390",
                  "extra_args": ["--gpu-memory-utilization", "0.55"]},
-    "mla": {"model": "mla-kimi-shape", "port": 8001, "hf_endpoint": "http://127.0.0.1:8391",
+    # the generated MLA config has max_position_embeddings 2048 (vLLM refuses a longer max_model_len)
+    "mla": {"model": "mla-kimi-shape", "port": 8001, "hf_endpoint": "http://127.0.0.1:8391", "max_model_len": 2048,
             "extra_args": ["--gpu-memory-utilization", "0.3"]},
 }
-chosen = os.environ.get("HEAVYLIFT_H200_DEPLOYMENT", "llama-8b")
+_chosen = os.environ.get("HEAVYLIFT_H200_DEPLOYMENT", "llama-8b")
 
 hosts = [
     (
         "@local",
         {
-            **DEPLOYMENTS[chosen],
-            "deployment": chosen,
+            **_DEPLOYMENTS[_chosen],
+            "deployment": _chosen,
             "root": os.environ.get("HEAVYLIFT_H200_ROOT", "/tmp/hl/heavylift"),
             "gpus": [0],
             "vllm": {
@@ -50,10 +51,10 @@ hosts = [
                 # the image's Python: the one that holds its CUDA torch 2.11.0+cu130 (a venv itself)
                 "python": os.environ.get("HEAVYLIFT_H200_PYTHON", "/opt/torch/.venv/bin/python3"),
                 "host_packages": ["torch", "torchvision", "torchaudio"],
-                "exclude_packages": NOT_CARRIED,
-                "wheelhouse": WHEELHOUSE,
+                "exclude_packages": _NOT_CARRIED,
+                "wheelhouse": _WHEELHOUSE,
                 # on @local the wheelhouse is already where the host reads it: uv's wheel is taken from here
-                "wheelhouse_upload": WHEELHOUSE,
+                "wheelhouse_upload": _WHEELHOUSE,
             },
             "env": {
                 # flashinfer is not carried; vLLM 0.26 uses its sampler by default and the import fails

@@ -711,6 +711,21 @@ RULES: tuple[Rule, ...] = (
         checked_versions="0.18.0, 0.34.0 wheels",
     ),
     Rule(
+        id="kv-fp8-mla-sm90-flashmla",
+        title="FP8 KV cache x MLA on Hopper (SM90): kept, FLASHMLA runs it",
+        when=When(platform="cuda", archs=frozenset({"sm90"}), attention=MLA, kv_cache_quant=FP8,
+                  kv_request=frozenset({"default", "fp8"}), vllm=">=0.26"),
+        then=Then(note="FP8 KV cache kept on {arch}: vLLM {vllm_version} runs MLA with FLASHMLA, which accepts fp8 "
+                  "(FLASH_ATTN_MLA, first on SM90, has no fp8; the checkpoint's KV scales are used, 1.0 where it "
+                  "has none)"),
+        why="the checkpoint declares an FP8 KV cache ({kv_sources}) and an SM90 GPU has an MLA backend that takes it",
+        source="vllm/platforms/cuda.py _get_backend_priorities (SM90: FLASH_ATTN_MLA, FLASHMLA, FLASHINFER_MLA, "
+        "TRITON_MLA) and each backend's supported_kv_cache_dtypes (vllm/v1/attention/backends/mla/flashmla.py: "
+        "fp8/fp8_e4m3); seen on an H200 with vLLM 0.26.0: 'Using FLASHMLA attention backend out of potential "
+        "backends: [FLASHMLA, TRITON_MLA]', 'Using fp8_e4m3 data type to store kv cache' (docs/gpu-proof.md)",
+        checked_versions="0.26.0 run on a real H200 (2026-12-03, mla-kimi-shape); 0.34.0 source (FACTS)",
+    ),
+    Rule(
         id="kv-fp8-mla-cpu-strip",
         title="FP8 KV cache x MLA on the CPU build: keep the KV cache 16-bit",
         when=When(platform="cpu", attention=MLA, kv_cache_quant=FP8, kv_request=frozenset({"default", "16bit"})),

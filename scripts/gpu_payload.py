@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
+import io
 import os
 import subprocess
 import zipfile
@@ -80,9 +82,9 @@ def closure(vllm: str, python: str, find_links: Path) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip() and not line.startswith(("#", " "))]
 
 
-def record_line(name: str, data: bytes) -> str:
+def record_row(name: str, data: bytes) -> list:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+    return [name, f"sha256={digest}", len(data)]
 
 
 def prune_wheel(wheel: Path, dest_dir: Path) -> Path:
@@ -94,15 +96,18 @@ def prune_wheel(wheel: Path, dest_dir: Path) -> Path:
     removed = 0
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(pruned.with_suffix(".partial"), "w", zipfile.ZIP_DEFLATED) as out:
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
-        lines = []
+        # RECORD is CSV: some of vLLM's file names hold commas and must be quoted (uv refuses the wheel otherwise)
+        record = io.StringIO()
+        writer = csv.writer(record, lineterminator="\n")
         for info in src.infolist():
             if info.filename.startswith(PRUNED) or info.filename == record_name:
                 removed += info.file_size if info.filename != record_name else 0
                 continue
             data = src.read(info)
             out.writestr(info, data)
-            lines.append(record_line(info.filename, data))
-        out.writestr(record_name, "\n".join(lines + [f"{record_name},,"]) + "\n")
+            writer.writerow(record_row(info.filename, data))
+        writer.writerow([record_name, "", ""])
+        out.writestr(record_name, record.getvalue())
     pruned.with_suffix(".partial").rename(pruned)
     print(f"pruned {wheel.name}: {removed / 1e6:.0f} MB of files left out -> {pruned.name}", flush=True)
     return pruned

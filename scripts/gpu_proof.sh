@@ -129,7 +129,8 @@ print(f'{boot + start:.2f}')" "$1"
 }
 
 plain() {  # NAME: the same launcher run by hand against heavylift's service, each timed from its process start
-    local name=$1 run=$ROOT/deployments/$name/run pid started
+    local name=$1 pid started
+    local run=$ROOT/deployments/$name/run
     start-stop-daemon --stop --oknodo --remove-pidfile --pidfile "$run/serve.pid" --retry TERM/60/KILL/10
     # the release's own launcher without heavylift: the same command line, environment, user and HOME (its caches)
     setsid bash -c "set -a; . '$ROOT/deployments/$name/private/serve.env'; set +a; HOME='$ROOT/home' exec setpriv --reuid=heavylift --regid=heavylift --init-groups -- '$ROOT/deployments/$name/current/serve'" \

@@ -44,6 +44,7 @@ def config(name: str) -> dict:
 
 RTX8 = gpus("rtx-pro-6000-x8")
 H200 = gpus("h200-x8")
+H200_REAL = gpus("h200-x1-captured")  # nvidia-smi as the lent H200 printed it
 NO_GPU = gpus("no-nvidia-smi")
 MIXED = gpus("mixed-h100-l40s")
 B200 = GpuInventory(gpus=tuple(Gpu(i, "NVIDIA B200", (10, 0), 183359) for i in range(8)), driver="580.95.05", cuda="13.0")
@@ -119,6 +120,12 @@ CASES = [
     case("kv-fp8-mla-sm12x-default-16bit", False, RTX8, KIMI, "0.17.1", cuda(), "0.17.1"),
     case("kv-fp8-mla-sm12x-default-16bit", False, RTX8, KIMI, "0.34.0", cuda(kv_cache_dtype="fp8"), "opted-in"),
     case("kv-fp8-mla-sm12x-default-16bit", False, H200, KIMI, "0.34.0", cuda(), "sm90"),
+    # what the lent H200 did with vLLM 0.26.0 (docs/gpu-proof.md): FLASHMLA, fp8_e4m3 KV cache, nothing patched
+    case("kv-fp8-mla-sm90-flashmla", True, H200_REAL, KIMI, "0.26.0", cuda(1), "h200-0.26"),
+    case("kv-fp8-mla-sm90-flashmla", True, H200, KIMI, "0.34.0", cuda(8, kv_cache_dtype="fp8"), "h200-opt-in"),
+    case("kv-fp8-mla-sm90-flashmla", False, H200, KIMI, "0.34.0", cuda(8, kv_cache_dtype="bfloat16"), "16bit-asked"),
+    case("kv-fp8-mla-sm90-flashmla", False, RTX8, KIMI, "0.34.0", cuda(), "sm120"),
+    case("kv-fp8-mla-sm90-flashmla", False, H200, KIMI, "0.24.0", cuda(8), "not-run-before-0.26"),
     case("kv-fp8-mla-sm12x-opt-in", True, RTX8, KIMI, "0.18.0", cuda(kv_cache_dtype="fp8_e4m3"), "0.18.0"),
     case("kv-fp8-mla-sm12x-opt-in", False, RTX8, KIMI, "0.18.0", cuda(), "not-asked"),
     case("kv-fp8-mla-sm12x-opt-in", False, RTX8, KIMI, "0.17.1", cuda(kv_cache_dtype="fp8"), "0.17.1"),
@@ -416,3 +423,24 @@ def test_docs_are_generated_from_the_table():
     assert doc == rules_markdown(), "docs/compatibility.md is stale: python -m operations.compat --markdown > docs/compatibility.md"
     for rule in RULES:
         assert f"## `{rule.id}`" in doc
+
+
+def test_the_rules_decide_for_the_lent_h200_what_the_real_gpu_did():
+    # the H200 run (docs/gpu-proof.md, vLLM 0.26.0): the MLA model kept its FP8 KV cache and vLLM ran it with
+    # FLASHMLA; the 8B Llama needed nothing. resolution.json as the host wrote it then (before the note rule),
+    # and what the table decides now for the same inputs
+    h200 = FIXTURES / "h200"
+    seen = json.loads((h200 / "resolution-mla-kimi-shape.json").read_text())
+    assert seen["gpus"]["gpus"][0]["name"] == "NVIDIA H200" and seen["ok"] and not seen["config_patch"]["config_json"]["remove"]
+    mla = model_features(
+        load_entry("mla-kimi-shape"),
+        json.loads((h200 / "mla-kimi-shape.config.json").read_text()),
+        json.loads((h200 / "mla-kimi-shape.hf_quant_config.json").read_text()),
+        weight_bytes=869519552,
+    )
+    decided = resolve(H200_REAL, mla, "0.26.0", cuda(1))
+    assert list(decided.fired_ids()) == ["kv-fp8-mla-sm90-flashmla"] and decided.refusal is None
+    assert not decided.config_patch.config_json.remove and not decided.config_patch.hf_quant_config_json.remove
+    llama = json.loads((h200 / "resolution-llama-3.1-8b-shape.json").read_text())
+    assert llama["fired"] == [] and llama["ok"]
+    assert not resolve(H200_REAL, LLAMA8B, "0.26.0", cuda(1)).fired_ids()
