@@ -256,7 +256,8 @@ readiness.serving(
         meta={
             "deployment": plan.deployment,
             "release": release_id,
-            "vllm": f"{settings.vllm.package} {settings.vllm.version}",
+            # the exact build planning resolved (a nightly has no version in the settings)
+            "vllm": f"{settings.vllm.package} {plan.build.version}",
             "model": f"{plan.snapshot.repo}@{plan.snapshot.commit}",
             "endpoint": plan.endpoint,
         },

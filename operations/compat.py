@@ -51,6 +51,7 @@ class Requested:
     attention_backend: str | None = None  # --attention-backend
     dtype: str | None = None  # --dtype
     gpu_memory_utilization: float | None = None  # --gpu-memory-utilization
+    max_model_len: int | None = None  # --max-model-len (site, else catalog)
     env: Mapping[str, str] = field(default_factory=dict)  # the vLLM process environment the site gives
 
     @property
@@ -91,6 +92,7 @@ class Requested:
             attention_backend=flag_value(args, "--attention-backend"),
             dtype=flag_value(args, "--dtype") or entry.serve.dtype,
             gpu_memory_utilization=float(memory) if memory else None,
+            max_model_len=settings.max_model_len or entry.serve.max_model_len,
             env={**entry.serve.env, **settings.env},
         )
 
@@ -200,6 +202,9 @@ class Facts:
             "kv_lora_rank": f.kv_lora_rank,
             "qk_rope_head_dim": f.qk_rope_head_dim,
             "head_dim": f.head_dim,
+            "max_model_len": req.max_model_len,
+            "max_len": f.max_len,
+            "max_len_key": f.max_len_key,
         }
 
 
@@ -447,6 +452,18 @@ def _weights_leave_little_kv(f: Facts) -> dict | None:
     if budget is None or not (TIGHT_MEMORY_SHARE * budget[1] < budget[0] <= budget[1]):
         return None
     return _budget_values(*budget, f)
+
+
+def _max_model_len_too_long(f: Facts) -> dict | None:
+    wanted, derived = f.requested.max_model_len, f.features.max_len
+    if wanted is None or derived is None or wanted <= derived:
+        return None
+    if f.features.max_len_override is not None and wanted <= f.features.max_len_override:
+        return None
+    # vLLM's own escape hatch (vllm/envs.py: "1" or "true", any case)
+    if str(f.requested.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")).strip().lower() in ("1", "true"):
+        return None
+    return {}
 
 
 def _backend_unavailable(f: Facts) -> dict | None:
@@ -709,6 +726,25 @@ RULES: tuple[Rule, ...] = (
         why="the site asked for an FP8 KV cache",
         source="vLLM issue #46721; vllm/v1/attention/backends/mla/triton_mla.py (fp8 accepted since 0.18.0)",
         checked_versions="0.18.0, 0.34.0 wheels",
+    ),
+    # --- context length ---------------------------------------------------------------------
+    Rule(
+        id="max-model-len-exceeds-model",
+        title="max_model_len above the checkpoint's own longest context",
+        when=When(needs=("max_len",), check=_max_model_len_too_long,
+                  check_text="max_model_len > the length vLLM derives from config.json, "
+                  "and VLLM_ALLOW_LONG_MAX_MODEL_LEN is not set"),
+        then=Then(
+            refusal="max_model_len {max_model_len} is above the checkpoint's {max_len_key} ({max_len}): vLLM "
+            "{vllm_version} refuses to start ('User-specified max_model_len ... is greater than the derived max_model_len')",
+            fix="set max_model_len to at most {max_len} (site max_model_len, or the catalog's serve.max_model_len); "
+            "only if the model really handles more, set env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (RoPE positions past it give NaN)",
+        ),
+        why="the checkpoint's config.json gives {max_len_key} = {max_len} (after RoPE scaling)",
+        source="vllm/config/model.py _get_and_verify_max_len and vllm/transformers_utils/model_arch_config_convertor.py "
+        "derive_max_model_len_and_key (0.26.0); seen on the H200 run: the mla-kimi-shape model with "
+        "max_position_embeddings 2048 and max_model_len 4096 exited at start (docs/gpu-proof.md)",
+        checked_versions="0.26.0 wheel (read) and run on an H200; the same check guards every vLLM release heavylift installs",
     ),
     Rule(
         id="kv-fp8-mla-sm90-flashmla",

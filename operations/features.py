@@ -63,6 +63,9 @@ class ModelFeatures:
     weight_quant_source: str | None = None
     gguf_model_type: str | None = None  # the model_type vLLM's GGUF loader maps to a GGUF architecture
     weight_bytes: int | None = None  # total size of the weight files, when the caller knows it
+    max_len: int | None = None  # the longest context vLLM derives from config.json (derived_max_len)
+    max_len_key: str | None = None  # the config key it comes from (max_position_embeddings, ...)
+    max_len_override: int | None = None  # config.json's model_max_length: vLLM accepts up to it anyway
     configs_read: tuple[str, ...] = field(default=())  # which files these features come from
 
     @property
@@ -95,6 +98,39 @@ def config_repo(entry) -> str:
             if arg.startswith("--tokenizer="):
                 return arg.split("=", 1)[1]
     return entry.hub.repo
+
+
+# config keys vLLM reads a model's longest context from, the smallest winning; model_max_length wins over all
+# (vLLM 0.26.0 vllm/transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key)
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def derived_max_len(text: dict) -> tuple[int | None, str | None]:
+    """vLLM's derived max_model_len from the language model's config: the smallest length key, scaled by RoPE.
+
+    vLLM 0.26.0 vllm/config/model.py _get_and_verify_max_len: RoPE types other than su/longrope/llama3
+    multiply it by their factor (yarn: original_max_position_embeddings x factor). The tokenizer's
+    model_max_length can lower it further at start; heavylift does not read the tokenizer config, so
+    this is an upper bound (a refusal on it is never wrong)."""
+    found = [(int(text[k]), k) for k in MAX_LEN_KEYS if isinstance(text.get(k), (int, float)) and not isinstance(text.get(k), bool)]
+    if not found:
+        return None, None
+    length, key = min(found)
+    if isinstance(text.get("model_max_length"), int):
+        length, key = text["model_max_length"], "model_max_length"
+    rope = text.get("rope_parameters") or text.get("rope_scaling")
+    if isinstance(rope, dict) and rope and "gemma3" not in str(text.get("model_type")):
+        ropes = rope.values() if all(isinstance(v, dict) for v in rope.values()) else [rope]
+        factor = 1.0
+        for each in ropes:
+            kind = each.get("rope_type") or each.get("type")
+            if kind not in ("su", "longrope", "llama3", None):
+                factor = each.get("factor") or factor
+                if kind == "yarn" and each.get("original_max_position_embeddings"):
+                    length = each["original_max_position_embeddings"]
+        length = int(length * factor)
+    return length, key
 
 
 def model_features(
@@ -140,7 +176,11 @@ def model_features(
 
     kv, kv_sources = _kv_cache_quant(config, hf_quant_config or {})
     weight_quant, weight_source = _weight_quant(fmt, config, text_key, hf_quant_config or {})
+    max_len, max_len_key = derived_max_len(text)
     return ModelFeatures(
+        max_len=max_len,
+        max_len_key=max_len_key,
+        max_len_override=_int(config.get("model_max_length")),
         format=fmt,
         model_type=model_type,
         text_model_type=text_model_type,

@@ -120,6 +120,13 @@ CASES = [
     case("kv-fp8-mla-sm12x-default-16bit", False, RTX8, KIMI, "0.17.1", cuda(), "0.17.1"),
     case("kv-fp8-mla-sm12x-default-16bit", False, RTX8, KIMI, "0.34.0", cuda(kv_cache_dtype="fp8"), "opted-in"),
     case("kv-fp8-mla-sm12x-default-16bit", False, H200, KIMI, "0.34.0", cuda(), "sm90"),
+    # the H200 run's failed start: the MLA model's config has max_position_embeddings 2048
+    case("max-model-len-exceeds-model", True, H200_REAL, TINY_MLA, "0.26.0", cuda(1, max_model_len=4096), "4096>2048"),
+    case("max-model-len-exceeds-model", False, H200_REAL, TINY_MLA, "0.26.0", cuda(1, max_model_len=2048), "2048"),
+    case("max-model-len-exceeds-model", False, H200_REAL, TINY_MLA, "0.26.0",
+         cuda(1, max_model_len=4096, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}), "allowed-by-env"),
+    case("max-model-len-exceeds-model", False, H200, LLAMA8B, "0.34.0", cuda(8), "unset"),
+    case("max-model-len-exceeds-model", True, H200, TINY_LLAMA, "0.34.0", cuda(8, max_model_len=262144), "tiny-llama-262k"),
     # what the lent H200 did with vLLM 0.26.0 (docs/gpu-proof.md): FLASHMLA, fp8_e4m3 KV cache, nothing patched
     case("kv-fp8-mla-sm90-flashmla", True, H200_REAL, KIMI, "0.26.0", cuda(1), "h200-0.26"),
     case("kv-fp8-mla-sm90-flashmla", True, H200, KIMI, "0.34.0", cuda(8, kv_cache_dtype="fp8"), "h200-opt-in"),
@@ -444,3 +451,23 @@ def test_the_rules_decide_for_the_lent_h200_what_the_real_gpu_did():
     llama = json.loads((h200 / "resolution-llama-3.1-8b-shape.json").read_text())
     assert llama["fired"] == [] and llama["ok"]
     assert not resolve(H200_REAL, LLAMA8B, "0.26.0", cuda(1)).fired_ids()
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ({"max_position_embeddings": 2048}, (2048, "max_position_embeddings")),
+        ({"max_position_embeddings": 4096, "seq_length": 2048}, (2048, "seq_length")),  # the smallest key wins
+        ({"max_position_embeddings": 2048, "model_max_length": 8192}, (8192, "model_max_length")),  # Command-R
+        # Llama 3.1: rope_type llama3 is not scaled by vLLM's check
+        ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, (131072, "max_position_embeddings")),
+        # YaRN: original_max_position_embeddings x factor (Qwen's 32k -> 128k)
+        ({"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+          "original_max_position_embeddings": 32768}}, (131072, "max_position_embeddings")),
+        ({"hidden_size": 64}, (None, None)),
+    ],
+)
+def test_derived_max_len_follows_vllm(text, expected):
+    from operations.features import derived_max_len
+
+    assert derived_max_len(text) == expected
