@@ -6,7 +6,9 @@
 #   scripts/gpu_proof.sh facts              the machine: nvidia-smi, the image's Python packages, init system
 #   scripts/gpu_proof.sh checkpoints        generate the checkpoints (testbed/gpu_checkpoints.py) with the image's torch
 #   scripts/gpu_proof.sh setup              unpack the payload, heavylift's control venv, checkpoints, Hub stand-ins
-#   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y inventory/h200.py deploy.py for deployment NAME (run N)
+#   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y $INVENTORY deploy.py for deployment NAME (run N); the
+#                                           inventory is inventory/h200.py unless HEAVYLIFT_PROOF_INVENTORY says
+#                                           (inventory/h200x8.py on 8 GPUs, with HEAVYLIFT_PROOF_CHECKPOINTS=dsv3)
 #   scripts/gpu_proof.sh plain NAME         stop heavylift's service, run the same launcher by hand, time it with a
 #                                           direct client; then heavylift brings its service back (timed the same way)
 set -euo pipefail
@@ -25,10 +27,16 @@ stamp() { date +%s.%N; }
 minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 say() { echo "[$(date +%T)] $*"; }
 
-declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kimi-shape)
-declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391)
-declare -A PORT=([llama-8b]=8000 [mla]=8001)
-declare -A KIND=([llama-8b]=llama-8b [mla]=mla)
+INVENTORY=${HEAVYLIFT_PROOF_INVENTORY:-inventory/h200.py}
+# checkpoints (generated here) by name: their Hub repo, the Hub stand-in's port, the generator's kind
+declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kimi-shape [dsv3]=heavylift/mla-dsv3-width)
+declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391 [dsv3]=8392)
+declare -A KIND=([llama-8b]=llama-8b [mla]=mla [dsv3]=mla-dsv3-width)
+# deployments (HEAVYLIFT_H200_DEPLOYMENT of the inventories): their checkpoint, port and heavylift name
+declare -A CHECKPOINT=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3 [tp4-a]=dsv3 [tp4-b]=dsv3)
+declare -A PORT=([llama-8b]=8000 [mla]=8001 [tp8]=8000 [tp4-a]=8002 [tp4-b]=8003)
+declare -A NAME=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3-tp8 [tp4-a]=dsv3-tp4-a [tp4-b]=dsv3-tp4-b)
+CHECKPOINTS=${HEAVYLIFT_PROOF_CHECKPOINTS:-llama-8b mla}
 
 carry() {
     mkdir -p "$HL/parts"
@@ -89,21 +97,22 @@ open('$HL/bin/uv', 'wb').write(w.read(m))"
     local t1; t1=$(stamp)
     checkpoints
     local t2; t2=$(stamp)
-    for name in llama-8b mla; do hub_up "$name"; done
+    for name in $CHECKPOINTS; do hub_up "$name"; done
     echo "{\"unpack_and_control_venv_s\": $(minus "$t1" "$t0"), \"checkpoints_s\": $(minus "$t2" "$t1"), \"hubs_s\": $(minus "$(stamp)" "$t2")}" | tee "$RESULTS/setup.json"
 }
 
 checkpoints() {  # generated here with the image's torch, never carried (a finished one is kept)
-    for name in llama-8b mla; do
+    for name in $CHECKPOINTS; do
         [ -f "$HL/models/$name/README.md" ] || "$PY" -m testbed.gpu_checkpoints "${KIND[$name]}" "$HL/models/$name" | tee -a "$RESULTS/checkpoints.jsonl"
     done
 }
 
-converge() {  # NAME N
-    local name=$1 n=${2:-1} t0 rc=0
-    hub_up "$name" >/dev/null
+converge() {  # DEPLOYMENT N
+    local choice=$1 n=${2:-1} t0 rc=0
+    local name=${NAME[$1]}
+    hub_up "${CHECKPOINT[$choice]}" >/dev/null
     t0=$(stamp)
-    HEAVYLIFT_H200_DEPLOYMENT=$name "$HL/ctl/bin/pyinfra" -y inventory/h200.py deploy.py > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
+    HEAVYLIFT_H200_DEPLOYMENT=$choice "$HL/ctl/bin/pyinfra" -y "$INVENTORY" deploy.py > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
     local wall; wall=$(minus "$(stamp)" "$t0")
     say "converge $name #$n: exit $rc, $wall s"
     grep -E "rule |vLLM |ready|No changes|Success|Error|error|\[@local\] (Loaded|heavylift)" "$RESULTS/converge-$name-$n.log" | tail -25 || true
@@ -128,8 +137,9 @@ boot = next(float(l.split()[1]) for l in open('/proc/stat') if l.startswith('bti
 print(f'{boot + start:.2f}')" "$1"
 }
 
-plain() {  # NAME: the same launcher run by hand against heavylift's service, each timed from its process start
-    local name=$1 pid started
+plain() {  # DEPLOYMENT: the same launcher run by hand against heavylift's service, each timed from its process start
+    local choice=$1 pid started
+    local name=${NAME[$1]} repo=${REPO[${CHECKPOINT[$1]}]} port=${PORT[$1]}
     local run=$ROOT/deployments/$name/run
     start-stop-daemon --stop --oknodo --remove-pidfile --pidfile "$run/serve.pid" --retry TERM/60/KILL/10
     # the release's own launcher without heavylift: the same command line, environment, user and HOME (its caches)
@@ -137,13 +147,13 @@ plain() {  # NAME: the same launcher run by hand against heavylift's service, ea
         > "$HL/plain-$name.log" 2>&1 < /dev/null &
     pid=$!
     started=$(process_start "$pid")
-    "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 --started-at "$started" \
+    "$PY" benchmarks/serve_client.py "http://127.0.0.1:$port" "$repo" --tokens 256 --started-at "$started" \
         | tee "$RESULTS/plain-$name.json"
     kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid"
     for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     grep -E "backend|KV cache|kv_cache|Maximum concurrency|Loading weights took|torch.compile|graph" "$HL/plain-$name.log" | head -30 > "$RESULTS/plain-$name-vllm.txt" || true
     # heavylift brings its service back (it is not running) and gates it
-    converge "$name" restart || true
+    converge "$choice" restart || true
     pid=$(cat "$run/serve.pid")
     started=$(process_start "$pid")
     "$PY" - "$started" "$ROOT/deployments/$name/status.json" <<'EOF' | tee "$RESULTS/heavylift-$name-restart.json"
@@ -153,7 +163,7 @@ status = json.load(open(status_file))
 gate_done = os.stat(status_file).st_mtime
 print(json.dumps({"start_to_gate_seconds": round(gate_done - started, 2), **status}))
 EOF
-    "$PY" benchmarks/serve_client.py "http://127.0.0.1:${PORT[$name]}" "${REPO[$name]}" --tokens 256 | tee "$RESULTS/direct-after-$name.json"
+    "$PY" benchmarks/serve_client.py "http://127.0.0.1:$port" "$repo" --tokens 256 | tee "$RESULTS/direct-after-$name.json"
 }
 
 "$@"

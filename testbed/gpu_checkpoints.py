@@ -6,6 +6,8 @@ and their index, so heavylift downloads, verifies and serves them like any Hub c
     python3 -m testbed.gpu_checkpoints mla DEST          a DeepSeek-V3 / Kimi-K2-style MLA + MoE model with
                                                          their attention dimensions, 4 layers, whose configs
                                                          declare an FP8 KV cache as Kimi-K2.5-NVFP4's do
+    python3 -m testbed.gpu_checkpoints mla-dsv3-width DEST   the same at DeepSeek-V3's full width (7168, 128 heads,
+                                                         64 experts of 2048, 4 layers, ~19 GB): for tensor parallel 8
 
 The tokenizer is the testbed's (testbed/tiny_model.py, 512 ids). A Llama-3.1 vocabulary has 128256 rows:
 lm_head rows past the tokenizer's ids are zero, so their logit (0) stays below the best of 512 random
@@ -34,6 +36,17 @@ MLA = {
     "num_attention_heads": 16, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
     "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 16, "num_experts_per_tok": 4,
     "moe_intermediate_size": 1024, "n_shared_experts": 1, "first_k_dense_replace": 1,
+}
+
+
+# DeepSeek-V3 / Kimi-K2 at full width (hidden 7168, 128 heads, MLA dims, routing of 8 groups, top-8 experts,
+# expert MLP 2048) in 4 layers (1 dense, 3 MoE) and 64 experts instead of 61 layers and 256/384: ~19 GB of
+# bf16, so tensor parallelism over 8 GPUs splits real-width matrices and it still loads in a minute
+DSV3_WIDTH = {
+    "vocab_size": 512, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 4,
+    "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 8, "topk_group": 4,
 }
 
 
@@ -131,9 +144,12 @@ def write_checkpoint(kind: str, dest: Path) -> dict:
         config = {**tiny_model.llama_config(ids), **LLAMA_8B, "max_position_embeddings": 131072, "rope_theta": 500000.0}
         shapes = llama_shapes(LLAMA_8B)
     else:
-        config = {**tiny_model.mla_config(ids, kv_cache_quant=True), **MLA}
+        dims = MLA if kind == "mla" else DSV3_WIDTH
+        config = {**tiny_model.mla_config(ids, kv_cache_quant=True), **dims}
+        if kind == "mla-dsv3-width":
+            config["max_position_embeddings"] = 4096
         tiny_model.write_json(dest / "hf_quant_config.json", tiny_model.mla_hf_quant_config(kv_cache_quant=True))
-        shapes = mla_shapes(MLA)
+        shapes = mla_shapes(dims)
     tiny_model.write_json(dest / "config.json", config)
     tiny_model.write_generation_config(dest, ids)
     total = write_weights(dest, shapes, tokenizer.get_vocab_size())
@@ -143,7 +159,7 @@ def write_checkpoint(kind: str, dest: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["llama-8b", "mla"])
+    parser.add_argument("kind", choices=["llama-8b", "mla", "mla-dsv3-width"])
     parser.add_argument("dest", type=Path)
     args = parser.parse_args(argv)
     print(json.dumps(write_checkpoint(args.kind, args.dest)))

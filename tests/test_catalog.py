@@ -44,8 +44,9 @@ KIMI_CONFIG = {
 }
 
 
-def test_the_catalog_has_its_six_entries():
-    assert list_entries() == ["glm-5", "kimi-k2.5-nvfp4", "llama-3.1-8b-shape", "mla-kimi-shape", "tiny-llama", "tiny-mla"]
+def test_the_catalog_has_its_seven_entries():
+    assert list_entries() == ["glm-5", "kimi-k2.5-nvfp4", "llama-3.1-8b-shape", "mla-dsv3-width", "mla-kimi-shape",
+                              "tiny-llama", "tiny-mla"]
 
 
 @pytest.mark.parametrize("path", CATALOG_FILES, ids=[p.stem for p in CATALOG_FILES])
