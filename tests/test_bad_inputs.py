@@ -449,7 +449,7 @@ HOST_CASES = [
      "unknown key 'vllm_version' (did you mean 'vllm.version'?); allowed keys: api_key, benchmark_tokens, bind_address, deployment, "),
     (set_vllm("pacakge", "vllm"),
      "unknown key 'vllm.pacakge' in 'vllm' (did you mean 'vllm.package'?); allowed keys: exclude_packages, "
-     "extra_packages, find_links, index_url, nightly, package, patches, python, variant, version, wheel_index, wheelhouse, "
+     "extra_packages, find_links, host_packages, index_url, nightly, package, patches, python, variant, version, wheel_index, wheelhouse, "
      "wheelhouse_upload. Fix: rename 'pacakge' to 'package' in site.py."),
     (set_vllm("nightly", "f72061a19"),
      "site.py, host 'gpu1': field 'vllm.nightly': 'f72061a19' is neither 'latest' nor a full 40-hex vLLM commit. "
