@@ -157,10 +157,11 @@ class WeightsPlan:
     up_to_date: bool  # the manifest vouches for exactly these files: nothing to fetch or hash (in fast mode)
     free: dict | None  # FreeSpace of the content folder
     margin_bytes: int
+    freed_bytes: int = 0  # what the snapshot removal before the download frees (operations/diskgc.py)
 
     @property
     def headroom_after(self) -> int | None:
-        return None if self.free is None else self.free["free_bytes"] - self.fetch_bytes
+        return None if self.free is None else self.free["free_bytes"] + self.freed_bytes - self.fetch_bytes
 
     def summary(self) -> str:
         fetch = f"{len(self.to_fetch)} files, {human_bytes(self.fetch_bytes)} to fetch"
@@ -169,22 +170,25 @@ class WeightsPlan:
             room = "free space unknown (df failed)"
         else:
             room = f"{human_bytes(self.headroom_after)} free after on {self.free['path']}"
+            if self.freed_bytes:
+                room += f" (counting {human_bytes(self.freed_bytes)} of old snapshots removed first)"
         return f"{fetch}, {verify}, {room}"
 
     def check_fits(self) -> None:
         """OperationError when the files still to fetch do not fit with the margin."""
         if not self.fetch_bytes or self.free is None:
             return
-        if self.fetch_bytes + self.margin_bytes > self.free["free_bytes"]:
+        if self.fetch_bytes + self.margin_bytes > self.free["free_bytes"] + self.freed_bytes:
+            freed = f" + {human_bytes(self.freed_bytes)} from old snapshots removed first" if self.freed_bytes else ""
             raise OperationError(
                 f"{self.label}: {human_bytes(self.fetch_bytes)} still to download but {self.free['path']} has "
-                f"{human_bytes(self.free['free_bytes'])} free (margin {self.margin_bytes / 1e9:g} GB). "
+                f"{human_bytes(self.free['free_bytes'])} free{freed} (margin {self.margin_bytes / 1e9:g} GB). "
                 "Fix: free space or set root to a bigger disk (or lower disk_margin_gb)."
             )
 
 
 def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
-                 disk_margin_gb: float = 20) -> tuple[WeightsPlan, dict]:
+                 disk_margin_gb: float = 20, freed_bytes: int = 0) -> tuple[WeightsPlan, dict]:
     """The host's weights plan (reads WeightsManifest and FreeSpace) and the manifest fact."""
     found = host.get_fact(WeightsManifest, manifest=manifest, folder=local_dir) or {"state": "absent"}
     wanted = sorted(f.path for f in snapshot.files)
@@ -204,16 +208,18 @@ def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str 
         up_to_date=up_to_date,
         free=host.get_fact(FreeSpace, path=local_dir),
         margin_bytes=int(disk_margin_gb * 1e9),
+        freed_bytes=freed_bytes,
     )
     return plan, found
 
 
 def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
-              disk_margin_gb: float = 20) -> WeightsPlan:
+              disk_margin_gb: float = 20, freed_bytes: int = 0) -> WeightsPlan:
     """The disk check of ``downloaded`` for deploy code: call it before the operations run so a
     download that cannot fit stops the run at prepare time, also under ``pyinfra -y`` (which does
-    not run operation generators until execution)."""
-    plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb)
+    not run operation generators until execution). ``freed_bytes``: what a removal before the
+    download frees (old snapshots), counted as free space."""
+    plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb, freed_bytes)
     plan.check_fits()
     return plan
 
@@ -221,7 +227,7 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
 @operation()
 def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, script_dir: str,
                endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20,
-               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None):
+               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None, freed_bytes: int = 0):
     """
     A pinned Hub snapshot present and verified in ``local_dir``.
 
@@ -240,10 +246,13 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
     + tries: download attempts (stalls and failures) before the operation fails
     + token_file: a file on the host holding the HF token (gated repos); read by the host script,
       never passed in argv or the request file
+    + freed_bytes: what an earlier operation of the run frees before this one (old snapshots); counted
+      while planning only: when this runs, the free space read then already includes it
     """
     if verify not in ("fast", "full"):
         raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
-    plan, found = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb)
+    plan, found = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb,
+                               0 if state.is_executing else freed_bytes)
     if plan.up_to_date and verify == "fast":
         host.noop(
             f"{len(found['files'])} files, {found['bytes'] / 1e9:.3f} GB of {plan.label} verified; {plan.summary()}"
