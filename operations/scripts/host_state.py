@@ -111,10 +111,22 @@ def alive(pid):
     return True
 
 
+# vLLM's own log lines at level ERROR: "(APIServer pid=N) ERROR 12-03 17:18:13 [file.py:906] ..."
+VLLM_ERROR = re.compile(r"\bERROR \d\d-\d\d [\d:]+ \[[^]]+\] ")
+TRACEBACK_NOISE = re.compile(r"Traceback|^\s*File \"|\^\^\^|^\s*$")
+
+
 def last_error(text):
+    """The line that best says why: the last exception vLLM logged at ERROR level, else its last ERROR
+    line, else the last line that looks like an error (a stray traceback of a helper process last)."""
     lines = [line.strip() for line in (text or "").splitlines()]
     errors = [line for line in lines if ERROR_LINE.search(line) and "Traceback" not in line]
-    return errors[-1][:400] if errors else None
+    logged = [line for line in lines if VLLM_ERROR.search(line) and not TRACEBACK_NOISE.search(VLLM_ERROR.split(line)[-1])]
+    raised = [line for line in logged if re.search(r"\w+(Error|Exception): ", line)]
+    for found in (raised, logged, errors):
+        if found:
+            return found[-1][:400]
+    return None
 
 
 def service_state(root, name, deployment_dir, systemd):
