@@ -121,7 +121,13 @@ def snapshots_pruned(plan: SnapshotPlan):
     for release_dir in plan.releases:
         yield StringCommand("rm", "-rf", QuoteString(release_dir))
     for snapshot in plan.remove:
-        path = snapshot["path"]
-        # the manifest first: a snapshot without it is never trusted again, even if the rm is cut short
-        yield StringCommand("rm", "-f", QuoteString(path + ".manifest.json"), QuoteString(path + ".manifest.request.json"))
-        yield StringCommand("rm", "-rf", QuoteString(path))
+        yield from remove_snapshot(snapshot["path"])
+
+
+def remove_snapshot(path: str):
+    """A snapshot's commands: its manifest first (a snapshot without one is never trusted again, even if
+    the removal is cut short), then the files beside it (``.manifest.json.lock``, ``.manifest.request.json``),
+    then the folder."""
+    yield StringCommand("rm", "-f", QuoteString(path + ".manifest.json"))
+    yield StringCommand("rm", "-rf", StringCommand(QuoteString(path), ".manifest.*", _separator=""))
+    yield StringCommand("rm", "-rf", QuoteString(path))

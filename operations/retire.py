@@ -70,7 +70,7 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
             keep.append((path, f"snapshot deployment {others[path]} uses"))
         elif path in sizes:
             remove += [(path, f"snapshot only this deployment used, {human_bytes(sizes[path])}"),
-                       (path + ".manifest.json", "its manifest"), (path + ".manifest.request.json", "its download request")]
+                       (path + ".manifest.*", "its manifest, lock and download request")]
             freed += sizes[path]
     service = dict(target["service"])
     if service.get("manager") == "systemd":
@@ -98,7 +98,10 @@ def retired(plan: RetirePlan, grace_seconds: int = 60):
             "--retry", f"TERM/{grace_seconds}/KILL/10",
         )
     for path, _ in plan.remove:
-        yield StringCommand("rm", "-rf", QuoteString(path))
+        if path.endswith(".manifest.*"):  # the files beside a snapshot: a glob, outside the quotes
+            yield StringCommand("rm", "-rf", StringCommand(QuoteString(path[: -len(".manifest.*")]), ".manifest.*", _separator=""))
+        else:
+            yield StringCommand("rm", "-rf", QuoteString(path))
     if service.get("manager") == "systemd":
         yield StringCommand("systemctl", "daemon-reload", "2>/dev/null", "||", "true")
         yield StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true")

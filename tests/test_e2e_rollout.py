@@ -210,7 +210,9 @@ def test_two_revision_moves_remove_the_oldest_snapshot_and_a_rollback_still_work
         return commit, run
 
     def on_disk():
-        return sorted(host.run(f"ls {models}").stdout.split())
+        """The snapshots on the host, and every name beside them (manifest, its lock, the download request)."""
+        names = host.run(f"ls {models}").stdout.split()
+        return sorted(name for name in names if len(name) == 40), sorted({name[:40] for name in names})
 
     first = hub_mirror.commits["heavylift/tiny-llama"]
     good = current_release(host)
@@ -218,11 +220,12 @@ def test_two_revision_moves_remove_the_oldest_snapshot_and_a_rollback_still_work
     after_first_move = current_release(host)
     assert host.run(f"readlink {DEPLOYMENT_DIR}/previous").stdout.strip().endswith(good)
     # both stay: the first is `previous`'s
-    assert on_disk() == sorted([first, f"{first}.manifest.json", second, f"{second}.manifest.json"])
+    assert on_disk() == (sorted([first, second]),) * 2
 
     third, moved = move(3)
     assert moved.operation_results()["old snapshots (after the switch)"][1] == "1", moved.output[-3000:]
-    assert on_disk() == sorted([second, f"{second}.manifest.json", third, f"{third}.manifest.json"])
+    assert on_disk() == (sorted([second, third]),) * 2  # the first, its manifest, lock and request: all gone
+    assert host.run(f"test -s {models}/{third}.manifest.json").returncode == 0
     kept = sorted(host.run(f"ls {DEPLOYMENT_DIR}/releases").stdout.split())
     assert good not in kept and after_first_move in kept  # the releases that needed the first snapshot went with it
     assert host.run(f"readlink {DEPLOYMENT_DIR}/previous").stdout.strip().endswith(after_first_move)

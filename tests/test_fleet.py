@@ -160,7 +160,7 @@ def test_retire_keeps_what_another_deployment_uses(two_moves):
     plan = retire.plan_retire(host_state(two_moves), "tiny")
     removed = [path for path, _ in plan.remove]
     c1, c2 = (str(two_moves / "models" / "heavylift--tiny-llama" / c) for c in (C1, C2))
-    assert removed == [str(two_moves / "deployments" / "tiny"), c1, c1 + ".manifest.json", c1 + ".manifest.request.json"]
+    assert removed == [str(two_moves / "deployments" / "tiny"), c1, c1 + ".manifest.*"]
     assert dict(plan.keep) == {shared: "venv deployment other uses", c2: "snapshot deployment other uses"}
     assert plan.freed_bytes == 1000
     assert any("remove " + c1 in line for line in plan.lines())
@@ -183,3 +183,15 @@ def test_rollback_target_is_previous_or_a_named_kept_release(two_moves):
     (two_moves / "deployments" / "tiny" / "previous").unlink()
     with pytest.raises(fleet.NoRollbackTarget, match=r"no previous release .*Fix: name one with --data release=<id>"):
         fleet.rollback_target(host_state(two_moves), "tiny", None)
+
+
+def test_removing_a_snapshot_takes_the_files_beside_it_and_nothing_else(tmp_path):
+    gone = snapshot(tmp_path, C1, 10)
+    stays = snapshot(tmp_path, C2, 10)
+    for name in (".manifest.json.lock", ".manifest.request.json"):
+        Path(gone + name).write_text("x")
+        Path(stays + name).write_text("x")
+    for command in diskgc.remove_snapshot(gone):
+        subprocess.run(["sh", "-c", command.get_raw_value()], check=True)
+    left = sorted(p.name for p in Path(gone).parent.iterdir())
+    assert left == [C2, f"{C2}.manifest.json", f"{C2}.manifest.json.lock", f"{C2}.manifest.request.json"]
