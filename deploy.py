@@ -33,7 +33,7 @@ from models.validate import DataSources, load_deployment, origin_of
 def data_origin(host, key):
     """The file (or --data) a host's data key came from, for messages."""
     return origin_of(host, key, DataSources.from_cli()).label
-from operations import checkpoint, hostlock, permissions, readiness, release, runtime, secrets, service, weights
+from operations import checkpoint, diskgc, fleet, hostlock, permissions, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
@@ -107,8 +107,13 @@ if "HF_TOKEN" in secret_env:  # gated repos: the host's download needs the token
         name="Hub token for downloads (0600, never shown)", path=hub_token_file,
         content=SecretStr(secret_env["HF_TOKEN"].get_secret_value() + "\n"),
     )
+# snapshots no kept release needs go first, and the disk check counts what that frees (operations/diskgc.py)
+host_state = host.get_fact(fleet.HostState, root=layout.root, light=True)
+snapshots_before = diskgc.plan_snapshots(host_state, plan.deployment, content_dir, deployment.settings.keep_snapshots)
+diskgc.snapshots_pruned(name="old snapshots (before the download)", plan=snapshots_before)
 # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
-weights.preflight(plan.snapshot, content_dir, manifest, deployment.settings.verify, deployment.settings.disk_margin_gb)
+weights.preflight(plan.snapshot, content_dir, manifest, deployment.settings.verify, deployment.settings.disk_margin_gb,
+                  freed_bytes=snapshots_before.freed_bytes)
 weights.downloaded(
     name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]}",
     snapshot=plan.snapshot,
@@ -123,6 +128,7 @@ weights.downloaded(
     stall_seconds=deployment.settings.download_stall_seconds,
     tries=deployment.settings.download_tries,
     token_file=hub_token_file,
+    freed_bytes=snapshots_before.freed_bytes,
 )
 
 # 5. checkpoint overlay: links to the pristine files plus the patched, rendered configs
@@ -185,6 +191,10 @@ release.staged(
     launcher=layout.launcher, overlay=layout.overlay, venv=plan.vllm_venv.path,
 )
 switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=release_id)
+# what was `previous` until this switch (and releases beyond keep_snapshots) may go now
+diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
+    snapshots_before, diskgc.plan_snapshots(host_state, plan.deployment, content_dir, settings.keep_snapshots,
+                                            new_release=release_id, after_switch=True)))
 # a hardened host's umask (027, 077) makes all of it root-only; the service reads these as its own user
 permissions.readable_by_service(
     name="readable by the service user",

@@ -431,6 +431,12 @@ class SiteSettings(Strict):
         default=3, ge=1, le=50,
         description="vLLM venvs kept on the host for rollback (newest first); the active one and any a deployment links are never removed",
     )
+    keep_snapshots: int = Field(
+        default=2, ge=1, le=50,
+        description="checkpoint snapshots of this deployment's kept releases that stay on the host (newest first); the ones "
+        "current and previous use always stay, a snapshot no kept release of any deployment uses is removed, and a kept "
+        "release whose snapshot goes is removed with it (operations/diskgc.py)",
+    )
     # --- rollout safety (operations/service.py, readiness.py, release.py, secrets.py, hostlock.py)
     hf_token: str | None = Field(
         default=None,

@@ -134,9 +134,14 @@ def _connector_data_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
+# the options of heavylift's operator commands (``--data release=...`` for rollback.py): a command
+# declares its own before it validates the site, so deploy.py still refuses them as unknown keys
+COMMAND_KEYS: set[str] = set()
+
+
 def heavylift_data(host: Host) -> dict[str, Any]:
     """The host's merged data (override, host, groups, all) without pyinfra's own keys."""
-    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key)}
+    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key) and key not in COMMAND_KEYS}
 
 
 # ---------------------------------------------------------------- where data came from

@@ -541,7 +541,8 @@ class VenvFolders(FactBase):
 
 
 @operation()
-def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep: int, protect: list[str]):
+def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep: int, protect: list[str],
+                 uv_path: str | None = None, uv_cache: str | None = None):
     """
     Remove old vLLM venvs beyond a keep count, and leftovers of failed builds.
 
@@ -551,6 +552,9 @@ def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep
     + prefixes: the venv names that count (e.g. ``vllm-``, ``vllm-cpu-``); others are left alone
     + keep: how many complete ones to keep: the protected ones, then the newest (linked ones come on top)
     + protect: venv folders never to remove (the one this run activates, the one it replaces)
+    + uv_path, uv_cache: when given, ``uv cache prune`` follows a removal: it drops what no cache entry
+      reaches any more (uv docs, "Cache": "removes all unused cache entries"); venvs are copies
+      (UV_LINK_MODE=copy), so no venv loses a file. Leave uv_cache out for a cache shared with others.
     """
     state = host.get_fact(VenvFolders, venvs_dir=venvs_dir, deployments_dir=deployments_dir)
     protected = [posixpath.basename(p.rstrip("/")) for p in protect]
@@ -568,6 +572,11 @@ def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep
         return
     for name in remove:
         yield StringCommand("rm", "-rf", QuoteString(posixpath.join(venvs_dir, name)))
+    if uv_path and uv_cache:
+        yield StringCommand(
+            "env", StringCommand("UV_CACHE_DIR=", QuoteString(uv_cache), _separator=""),
+            QuoteString(uv_path), "cache", "prune", "--quiet",
+        )
 
 
 def shell_join(args: list[str]) -> str:
@@ -599,5 +608,7 @@ def vllm_runtime(deployment, layout, build, venv_plan):
         prefixes=VLLM_VENV_PREFIXES, keep=settings.keep_venvs,
         # the build this run activates and the one it replaces (the rollback target)
         protect=[venv_plan.path, *([previous["venv"]] if previous else [])],
+        # heavylift's own uv cache only: a cache the site shares (uv_cache_dir) is the site's to prune
+        uv_path=layout.uv, uv_cache=None if settings.uv_cache_dir else layout.uv_cache,
     )
     return venv_op, link_op

@@ -202,11 +202,12 @@ class WeightsPlan:
     margin_bytes: int
     resume_bytes: int = 0  # bytes of partial files a killed run left that the fetch resumes (not in fetch_bytes)
     stale_bytes: int = 0  # bytes of partial files no run can resume: removed before the fetch
+    freed_bytes: int = 0  # what the snapshot removal before the download frees (operations/diskgc.py)
 
     @property
     def free_bytes(self) -> int | None:
-        """Free space once the fetch has removed the stale partial files."""
-        return None if self.free is None else self.free["free_bytes"] + self.stale_bytes
+        """Free space once the fetch has removed the stale partial files and the old snapshots are gone."""
+        return None if self.free is None else self.free["free_bytes"] + self.stale_bytes + self.freed_bytes
 
     @property
     def headroom_after(self) -> int | None:
@@ -223,6 +224,8 @@ class WeightsPlan:
             room = "free space unknown (df failed)"
         else:
             room = f"{human_bytes(self.headroom_after)} free after on {self.free['path']}"
+            if self.freed_bytes:
+                room += f" (counting {human_bytes(self.freed_bytes)} of old snapshots removed first)"
         return f"{fetch}, {verify}, {room}"
 
     def check_fits(self) -> None:
@@ -231,6 +234,8 @@ class WeightsPlan:
             return
         if self.fetch_bytes + self.margin_bytes > self.free_bytes:
             freed = f", {human_bytes(self.stale_bytes)} more once a dead run's partial files are removed" if self.stale_bytes else ""
+            if self.freed_bytes:
+                freed += f" + {human_bytes(self.freed_bytes)} from old snapshots removed first"
             raise OperationError(
                 f"{self.label}: {human_bytes(self.fetch_bytes)} still to download but {self.free['path']} has "
                 f"{human_bytes(self.free['free_bytes'])} free{freed} (margin {self.margin_bytes / 1e9:g} GB). "
@@ -239,7 +244,7 @@ class WeightsPlan:
 
 
 def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
-                 disk_margin_gb: float = 20) -> tuple[WeightsPlan, dict]:
+                 disk_margin_gb: float = 20, freed_bytes: int = 0) -> tuple[WeightsPlan, dict]:
     """The host's weights plan (reads WeightsManifest and FreeSpace) and the manifest fact."""
     found = host.get_fact(WeightsManifest, manifest=manifest, folder=local_dir) or {"state": "absent"}
     wanted = sorted(f.path for f in snapshot.files)
@@ -262,16 +267,18 @@ def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str 
         margin_bytes=int(disk_margin_gb * 1e9),
         resume_bytes=resume_bytes,
         stale_bytes=stale_bytes,
+        freed_bytes=freed_bytes,
     )
     return plan, found
 
 
 def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
-              disk_margin_gb: float = 20) -> WeightsPlan:
+              disk_margin_gb: float = 20, freed_bytes: int = 0) -> WeightsPlan:
     """The disk check of ``downloaded`` for deploy code: call it before the operations run so a
     download that cannot fit stops the run at prepare time, also under ``pyinfra -y`` (which does
-    not run operation generators until execution)."""
-    plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb)
+    not run operation generators until execution). ``freed_bytes``: what a removal before the
+    download frees (old snapshots), counted as free space."""
+    plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb, freed_bytes)
     plan.check_fits()
     return plan
 
@@ -279,7 +286,7 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
 @operation()
 def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, script_dir: str,
                endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20,
-               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None):
+               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None, freed_bytes: int = 0):
     """
     A pinned Hub snapshot present and verified in ``local_dir``.
 
@@ -298,10 +305,13 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
     + tries: download attempts (stalls and failures) before the operation fails
     + token_file: a file on the host holding the HF token (gated repos); read by the host script,
       never passed in argv or the request file
+    + freed_bytes: what an earlier operation of the run frees before this one (old snapshots); counted
+      while planning only: when this runs, the free space read then already includes it
     """
     if verify not in ("fast", "full"):
         raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
-    plan, found = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb)
+    plan, found = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb,
+                               0 if state.is_executing else freed_bytes)
     if plan.up_to_date and verify == "fast":
         host.noop(
             f"{len(found['files'])} files, {found['bytes'] / 1e9:.3f} GB of {plan.label} verified; {plan.summary()}"

@@ -139,3 +139,67 @@ def run_while_a_second_run_tries(host, inventory: Path, lock_dir: str) -> Conten
         if first.poll() is None:
             first.kill()
     return ContendedRun(first.pid, first.returncode, output, blocked, blocked_seconds)
+
+
+# --- the operator's commands (status.py, rollback.py, retire.py) -------------------------------
+
+
+@dataclass
+class StatusRun:
+    run: PyinfraRun
+    document: dict  # status.py's JSON (stdout)
+    seconds: float
+
+
+def status(inventory: Path, *args: str, env: dict | None = None) -> StatusRun:
+    """status.py through the real CLI with --data json=true: the JSON from stdout, the lines from stderr."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [PYINFRA, "-y", str(inventory), "status.py", "--data", "json=true", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+    )
+    seconds = time.monotonic() - started
+    try:
+        document = json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError(f"status.py printed no JSON on stdout:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}") from None
+    return StatusRun(PyinfraRun(done.returncode, done.stderr), document, seconds)
+
+
+def tree_state(host, folder: str, skip: tuple[str, ...] = ("/run/", "/home/")) -> dict[str, tuple]:
+    """Every path under a host's folder with its type, size, mode and mtime (links: their target)."""
+    listing = host.run(
+        f"find {folder} -printf '%p\\t%y\\t%s\\t%m\\t%T@\\t%l\\n' 2>/dev/null | sort"
+    ).stdout.splitlines()
+    return {line.split("\t", 1)[0]: tuple(line.split("\t")[1:]) for line in listing
+            if not any(part in line.split("\t", 1)[0] + "/" for part in skip)}
+
+
+def kill_engine(pid: int, poke=None, timeout: float = 60) -> None:
+    """The engine dies under vLLM's API server (as a GPU fault or the OOM killer would do it): SIGKILL to
+    the API server's children, then ``poke()`` (a request that meets the dead engine); the server logs
+    it and exits. Waits for it to be gone (SIGKILL after ``timeout``: a server without its engine is
+    as dead to a client)."""
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            os.kill(int(child), 9)
+        except ProcessLookupError:
+            pass
+    if poke is not None:
+        try:
+            poke()
+        except Exception:  # noqa: BLE001 - a dead engine answers with an error, or not at all
+            pass
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):
+            return
+        if "zombie" in state:
+            return
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            time.sleep(1)
+            return
+        time.sleep(0.5)

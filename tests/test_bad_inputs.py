@@ -647,6 +647,17 @@ def test_pyinfra_keys_are_not_heavylifts(tmp_path):
     assert deployment.name == "tiny-llama" and deployment.settings.port == 8000
 
 
+def test_a_command_option_is_unknown_to_deploy_and_accepted_by_its_command(tmp_path, monkeypatch):
+    """rollback.py's ``--data release=...`` is refused by deploy.py (a typo must not pass) and taken by rollback.py."""
+    import models.validate
+
+    data = {"model": "tiny-llama", "vllm": GOOD_VLLM, "release": "3f2a9c"}
+    with pytest.raises(HeavyliftConfigError, match=r"unknown key 'release'"):
+        load_deployment(host_with(data), sources=sources_for(tmp_path))
+    monkeypatch.setattr(models.validate, "COMMAND_KEYS", {"release"})
+    assert load_deployment(host_with(data), sources=sources_for(tmp_path)).name == "tiny-llama"
+
+
 def test_every_host_is_checked_and_all_problems_reported_at_once(tmp_path):
     inventory = Inventory(
         (

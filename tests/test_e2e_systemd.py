@@ -194,6 +194,14 @@ def test_systemd_restarts_a_crashed_vllm(site):
     assert main_pid(host) != pid
     assert complete(site)["choices"][0]["text"] is not None
     print(f"\ncrashed vLLM restarted by systemd and healthy after {time.monotonic() - killed:.0f} s")
+    # status.py reads what systemd says: active, one restart, the release it runs
+    shown = rollout_support.status(site["inventory"])
+    assert shown.run.returncode == 0, shown.run.output[-3000:]
+    service = shown.document["hosts"][site["host"].name]["deployments"]["tiny-llama"]["service"]
+    assert (service["manager"], service["state"], service["restarts"]) == ("systemd", "active", 1), service
+    assert service["running_release"] == current_release(host) and service["health"] == "ok"
+    assert re.search(r"tiny-llama: service active \(systemd: active \(running\)\); /health ok; 1 restarts",
+                     shown.run.output), shown.run.output[-3000:]
 
 
 def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
@@ -235,3 +243,21 @@ def test_no_secret_in_output_argv_files_or_journal(site):
     journal = host.run(["journalctl", "--no-pager", "-o", "cat"], timeout=120).stdout
     assert "no-such-vllm-flag" in journal  # the journal holds the service's output: a real place to look
     assert not any(secret in unit_text or secret in journal for secret in SECRETS)
+
+
+def test_retire_stops_disables_and_removes_the_unit(site):
+    """The last test of the module: the deployment leaves the host; the venv and snapshot only it used go too."""
+    host = site["host"]
+    venv = host.run(f"readlink {DEPLOYMENT_DIR}/venv").stdout.strip()
+    dry = run_pyinfra(site["inventory"], "--data", "retire=tiny-llama", "--dry", deploy="retire.py")
+    assert dry.returncode == 0, dry.output[-3000:]
+    assert f"retire tiny-llama: remove /etc/systemd/system/{UNIT} (systemd unit)" in dry.output, dry.output[-3000:]
+    assert f"retire tiny-llama: remove {venv} (venv only this deployment used)" in dry.output
+    assert unit_property(host, "ActiveState") == "active"
+    gone = run_pyinfra(site["inventory"], "--data", "retire=tiny-llama", deploy="retire.py")
+    assert gone.returncode == 0, gone.output[-3000:]
+    assert unit_property(host, "LoadState") == "not-found" and unit_property(host, "ActiveState") == "inactive"
+    assert host.run(f"test -e /etc/systemd/system/{UNIT}").returncode != 0
+    assert host.run(f"test -e {DEPLOYMENT_DIR}").returncode != 0 and host.run(f"test -e {venv}").returncode != 0
+    assert host.run("ls /opt/heavylift/models/heavylift--tiny-llama").stdout.split() == []
+    assert "no deployments under /opt/heavylift/deployments" in rollout_support.status(site["inventory"]).run.output

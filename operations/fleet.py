@@ -1,0 +1,197 @@
+"""Fleet status: what every host really runs, read from the host's own state (never the inventory alone).
+
+The ``HostState`` fact runs ``scripts/host_state.py`` through ``python3 -c`` (nothing uploaded,
+nothing written) and returns every deployment under ``<root>/deployments/``: its ``current`` and
+``previous`` releases, each kept release's model@commit and vLLM build, the service as its
+supervisor sees it (systemd or the fallback's pidfile) with the last error line of its log, the
+last readiness gate's figures (``status.json``), GPUs and disk. ``status.py`` prints it;
+``rollback.py``, ``retire.py`` and the snapshot collection (``diskgc.py``) decide from it.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from pathlib import Path
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from .weights import human_bytes
+
+# status.py --data json=true: each host's document, printed together when the run ends
+COLLECTED: dict[str, dict] = {}
+
+HOST_STATE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "host_state.py"
+
+
+class HostState(FactBase):
+    """heavylift's state on a host under ``root`` (see scripts/host_state.py for the keys)."""
+
+    def command(self, root, light=False):
+        # light: no /health request, no nvidia-smi (deploy.py's snapshot collection needs neither)
+        return StringCommand("python3", "-c", QuoteString(HOST_STATE_SCRIPT.read_text()), QuoteString(root),
+                             *(["--light"] if light else []))
+
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+def short(release_id: str | None) -> str:
+    return release_id or "none"
+
+
+def _seconds(value) -> str:
+    return f"{value} s" if value is not None else "?"
+
+
+def deployment_lines(name: str, state: dict, endpoint_host: str | None = None) -> list[str]:
+    """Two or three lines for one deployment: what serves, how the service is, the last gate."""
+    releases = {r["id"]: r for r in state["releases"]}
+    current = releases.get(state["current"] or "", {})
+    status = state.get("status") or {}
+    service = state["service"]
+    kept = len(state["releases"])
+    port = current.get("port")
+    address = current.get("host")
+    if address in ("0.0.0.0", "::") and endpoint_host:
+        address = endpoint_host
+    endpoint = status.get("endpoint") if status.get("release") == state["current"] and status.get("endpoint") else (
+        f"http://{address}:{port}/v1" if port else "?")
+    lines = [
+        f"{name}: release {short(state['current'])} (previous {short(state['previous'])}, {kept} kept) "
+        f"vLLM {current.get('vllm') or '?'} model {current.get('model') or '?'} endpoint {endpoint}"
+    ]
+    service_line = f"{name}: service {service['state']} ({service.get('manager')}: {service.get('detail')})"
+    running = service.get("running_release")
+    if running and running != state["current"]:
+        service_line += f"; runs release {running}, not current"
+    if service.get("health"):
+        service_line += f"; /health {service['health']}"
+    if service.get("restarts"):
+        service_line += f"; {service['restarts']} restarts"
+    if service.get("last_error"):
+        service_line += f"; last error: {service['last_error']}"
+    lines.append(service_line)
+    if status:
+        rate = status.get("tokens_per_second")
+        gate = "passed" if status.get("healthy") and status.get("completion") is not None else "FAILED"
+        gate_line = (
+            f"{name}: last gate {status.get('checked_at', '?')} release {short(status.get('release'))} {gate}: "
+            f"load {_seconds(status.get('load_seconds'))} ttft {_seconds(status.get('ttft_seconds'))} "
+            f"decode {rate if rate is not None else '?'} tok/s"
+        )
+        if status.get("rolled_back_from"):
+            gate_line += f" (rolled back from {status['rolled_back_from']})"
+        lines.append(gate_line)
+    else:
+        lines.append(f"{name}: no readiness gate recorded (status.json missing)")
+    gpus = current.get("gpus") or "all"
+    memory = service.get("gpu_memory_mib")
+    if memory is not None:
+        lines[-1] += f"; GPUs {gpus}, {memory} MiB in use by its processes"
+    return lines
+
+
+def host_lines(state: dict, host_name: str, expected: str | None = None) -> list[str]:
+    """The status of one host, one fact per line, for pyinfra's output."""
+    lines = []
+    if not state["deployments"]:
+        lines.append(f"no deployments under {state['root']}/deployments")
+    for name, deployment in state["deployments"].items():
+        lines += deployment_lines(name, deployment, host_name)
+    if expected and expected not in state["deployments"]:
+        lines.append(f"{expected}: in the site but not deployed on this host")
+    disk = state["disk"]
+    snapshots = state["snapshots"]
+    venvs = [v for v in state["venvs"] if v["complete"]]
+    lines.append(
+        f"disk: {human_bytes(disk['free_bytes'])} free of {human_bytes(disk['total_bytes'])} on {disk['path']}; "
+        f"{len(snapshots)} snapshots ({human_bytes(sum(s['bytes'] for s in snapshots))}), {len(venvs)} venvs"
+    )
+    if state["gpus"] is None:
+        lines.append("GPUs: none (no nvidia-smi)")
+    else:
+        lines.append("GPUs: " + "; ".join(
+            f"{g['index']} {g['name']} {g['memory_used_mib']}/{g['memory_total_mib']} MiB"
+            + (f" {g['utilization_percent']}%" if g.get("utilization_percent") is not None else "")
+            for g in state["gpus"]
+        ))
+    return lines
+
+
+def host_document(state: dict, expected: str | None = None) -> dict:
+    """The JSON status of one host for tools: the host state with each deployment's summary on top."""
+    deployments = {}
+    for name, deployment in state["deployments"].items():
+        releases = {r["id"]: r for r in deployment["releases"]}
+        current = releases.get(deployment["current"] or "", {})
+        status = deployment.get("status") or {}
+        deployments[name] = {
+            "release": deployment["current"],
+            "previous": deployment["previous"],
+            "kept_releases": [r["id"] for r in deployment["releases"]],
+            "vllm": current.get("vllm"),
+            "model": current.get("model"),
+            "endpoint": status.get("endpoint") if status.get("release") == deployment["current"] else None,
+            "service": deployment["service"],
+            "last_gate": {k: status.get(k) for k in (
+                "release", "healthy", "checked_at", "load_seconds", "ttft_seconds", "tokens_per_second",
+                "benchmark_tokens", "rolled_back_from", "error")} if status else None,
+            "gpus": current.get("gpus"),
+            "releases": deployment["releases"],
+        }
+    document = {
+        "root": state["root"],
+        "checked_at": state["checked_at"],
+        "disk": state["disk"],
+        "gpus": state["gpus"],
+        "snapshots": state["snapshots"],
+        "venvs": state["venvs"],
+        "deployments": deployments,
+    }
+    if expected and expected not in deployments:
+        document["missing"] = [expected]
+    return document
+
+
+def deployment_folder(root: str, name: str) -> str:
+    return posixpath.join(root, "deployments", name)
+
+
+class NoRollbackTarget(ValueError):
+    """What the operator asked for is not a release this host keeps (said before any change)."""
+
+
+def rollback_target(state: dict, deployment: str, wanted: str | None) -> dict:
+    """The kept release to put back: ``wanted`` (an id or a unique prefix of one), else ``previous``.
+
+    Raises NoRollbackTarget naming what the host keeps and how to choose.
+    """
+    found = state["deployments"].get(deployment)
+    if found is None:
+        names = ", ".join(state["deployments"]) or "none"
+        raise NoRollbackTarget(
+            f"deployment {deployment!r} is not on this host (deployments under {state['root']}/deployments: {names}). "
+            "Fix: choose the deployment with --data deployment=<name>."
+        )
+    kept = {r["id"]: r for r in found["releases"]}
+    listing = ", ".join(
+        f"{r['id']} ({r['model'] or '?'}, {r['vllm'] or '?'}{', current' if r['id'] == found['current'] else ''}"
+        f"{', previous' if r['id'] == found['previous'] else ''})" for r in found["releases"]
+    ) or "none"
+    if wanted:
+        matches = [rid for rid in kept if rid.startswith(str(wanted))]
+        if len(matches) != 1:
+            why = "matches several" if matches else "is not one of them"
+            raise NoRollbackTarget(
+                f"field 'release' ({wanted!r}) {why}: deployment {deployment!r} keeps releases {listing}. "
+                "Fix: --data release=<one of those ids>."
+            )
+        return kept[matches[0]]
+    previous = found["previous"]
+    if not previous or previous == found["current"] or previous not in kept:
+        raise NoRollbackTarget(
+            f"deployment {deployment!r} has no previous release to go back to (current {short(found['current'])}, "
+            f"previous {short(previous)}); it keeps releases {listing}. Fix: name one with --data release=<id>."
+        )
+    return kept[previous]

