@@ -12,7 +12,6 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
-from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from .weights import human_bytes
