@@ -37,8 +37,9 @@ from operations import checkpoint, hostlock, permissions, readiness, release, ru
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
-# 1. validate: a bad key or value stops the run here, before any host changes
-deployment = load_deployment(host)
+# 1. validate: a bad key or value stops the run here, before any host changes; an unsupported model's
+#    refusal names each host's own GPUs (a fact read, no change)
+deployment = load_deployment(host, gpus_of=lambda chosen: chosen.get_fact(NvidiaGpus).summary())
 try:
     # the HF token and API key, read on the control machine (env:NAME or file:PATH), kept as SecretStr
     secret_env = secrets.resolve(deployment.settings)
@@ -64,6 +65,8 @@ for rule in plan.resolution.fired:
     logger.info(f"{host.print_prefix}rule {rule.id}: {rule.title}: {'; '.join(rule.changes) or 'no change'}")
 for warning in plan.resolution.warnings:
     logger.warning(f"{host.print_prefix}{warning}")
+for note in plan.resolution.notes:
+    logger.info(f"{host.print_prefix}note: {note}")
 
 # one run at a time per host: a second run stops here, naming the holder (operations/hostlock.py)
 # pyinfra keeps no record of --dry where deploy code sees it; a dry run only looks at the lock
