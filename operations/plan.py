@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from . import checkpoint, compat, lockfile, runtime, vllm_build, weights
-from .features import model_features
+from .features import config_repo, model_features
 from .gpu import GpuInventory
 from .layout import Layout
 
@@ -105,6 +105,10 @@ def patch_error(host_name: str, deployment, error: Exception):
 class RefusedError(ValueError):
     """The rules say this deployment cannot run on this host; raised before any host changes."""
 
+    def __init__(self, message: str, resolution: compat.Resolution | None = None):
+        super().__init__(message)
+        self.resolution = resolution  # every rule that fired, the refusals included
+
 
 def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str], dict]:
     """The catalog's patch of one file plus what the rules decided for it (rules win on a clash)."""
@@ -189,6 +193,26 @@ def vllm_venv_plan(
     )
 
 
+def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> dict | None:
+    """The config.json the rules read the model's features from.
+
+    A GGUF repository has no config.json: vLLM maps the base model's, the repo the entry names as
+    ``--tokenizer`` (features.config_repo; 0.23.0 gguf_loader.py _get_gguf_weights_map and vllm-gguf-plugin
+    0.0.5 weights_adapter/default.py read hf_config.model_type), so its head is pinned in the lock file
+    like the checkpoint's and its config.json fetched alone.
+    """
+    repo = config_repo(entry)
+    if "config.json" in pristine or repo == entry.hub.repo:
+        return pristine.get("config.json")
+    from huggingface_hub.errors import EntryNotFoundError
+
+    commit = lockfile.hub_commit(repo, "main", endpoint, refresh)
+    try:
+        return checkpoint.fetch_pristine_json(repo, commit, "config.json", endpoint)
+    except EntryNotFoundError:
+        return None
+
+
 def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None) -> Plan:
     settings, entry = deployment.settings, deployment.entry
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
@@ -204,14 +228,16 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runt
         if filename in present
     }
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
-    features = model_features(entry, pristine.get("config.json"), pristine.get("hf_quant_config.json"), weight_bytes)
+    features = model_features(
+        entry, base_config(entry, pristine, endpoint, settings.refresh_lock), pristine.get("hf_quant_config.json"), weight_bytes
+    )
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
     build = resolve_build(deployment, host_name)
     vllm = settings.vllm.model_copy(update={"version": build.version})
     resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
     if resolution.refusal is not None:
         refusal = resolution.refusal
-        raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}")
+        raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}", resolution)
 
     rendered = {}
     for filename, attribute in checkpoint.RENDERED_FILES.items():
