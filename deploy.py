@@ -25,6 +25,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, QuoteString
 from pyinfra.api.util import get_template
 from pyinfra.operations import files, server
+from pyinfra.operations.util.files import generate_color_diff
 
 from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
@@ -80,6 +81,10 @@ files.put(
     name="resolution (rules that fired, as JSON)",
     src=StringIO(json.dumps({"gpus": gpus.to_json(), **plan.resolution.to_json()}, indent=2, sort_keys=True) + "\n"),
     dest=f"{layout.deployment_dir}/resolution.json",
+    # the folder comes from the operation above; pyinfra stops a dry run's change detection (and its
+    # diff) at the first command, which would be the folder's mkdir on a fresh host (pyinfra 3.10
+    # api/operation.py: `for _ in command_generator(): ... break`, files.put yields it before the diff)
+    create_remote_dir=False,
 )
 runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version,
            wheelhouse=deployment.settings.vllm.wheelhouse_upload)
@@ -143,9 +148,21 @@ rendered_configs = [
         repo=plan.snapshot.repo,
         commit=plan.snapshot.commit,
         document=text.rstrip("\n"),
+        create_remote_dir=False,  # the overlay folder above; see resolution.json
     )
     for filename, text in plan.rendered.items()
 ]
+if state.config.DIFF:
+    # what the rules and the catalog change in the checkpoint's own files, shown whether or not the host has
+    # the overlay yet (its diff above is against the host's current file)
+    for filename, text in plan.rendered.items():
+        changes = list(generate_color_diff(plan.pristine[filename].splitlines(True), text.splitlines(True)))
+        logger.info(
+            f"{host.print_prefix}overlay {filename} against the pristine {plan.snapshot.repo}@{plan.snapshot.commit[:12]}:"
+            + ("" if changes else " unchanged")
+        )
+        for line in changes:
+            logger.info(f"  {line}")
 
 # 6. service: a release (venv, overlay, launcher) switched in by a link; systemd or the fallback
 #    supervisor runs <deployment>/current/serve as the service user; restart only on change
@@ -176,7 +193,8 @@ release_id = release.release_id(
     plan.vllm_venv.path, launcher_text,
     {"content": content_dir, "rendered": plan.rendered, "links": plan.link_names},
 )
-launcher = files.put(name="vLLM launcher", src=StringIO(launcher_text), dest=layout.launcher, mode="755")
+launcher = files.put(name="vLLM launcher", src=StringIO(launcher_text), dest=layout.launcher, mode="755",
+                     create_remote_dir=False)  # the deployment folder, made first; see resolution.json
 env_file = secrets.env_file(
     name="vLLM secrets (0600, never shown)",
     path=layout.env_file,

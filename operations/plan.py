@@ -41,6 +41,7 @@ class Plan:
     hub_venv: VenvPlan
     vllm_venv: VenvPlan
     rendered: dict[str, str]  # checkpoint file name -> rendered JSON text
+    pristine: dict[str, str]  # the same files as published, rendered alike (what a dry run diffs against)
     link_names: list[str]
     launcher_args: list[str]
     env: dict[str, str]
@@ -239,11 +240,12 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runt
         refusal = resolution.refusal
         raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}", resolution)
 
-    rendered = {}
+    rendered, pristine_texts = {}, {}
     for filename, attribute in checkpoint.RENDERED_FILES.items():
         if filename in pristine:
             remove, set_values = merged_patch(entry.config_patch, resolution.config_patch, attribute)
             rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
+            pristine_texts[filename] = checkpoint.render_json(pristine[filename])
     link_names = sorted(present - set(rendered))
 
     vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime)
@@ -283,6 +285,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runt
         hub_venv=hub_venv,
         vllm_venv=vllm_venv,
         rendered=rendered,
+        pristine=pristine_texts,
         link_names=link_names,
         launcher_args=args,
         env=env,
