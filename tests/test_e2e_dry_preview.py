@@ -6,7 +6,10 @@ and what the rules change in the checkpoint's own files (the overlay against the
 It also prints the rules that fired with their notes, and changes nothing on the host.
 """
 
+import json
 import re
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,23 @@ from testbed.ssh_hosts import find_free_port
 pytestmark = pytest.mark.e2e
 
 DEPLOYMENT_DIR = f"{TEST_ROOT}/deployments/tiny-mla"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fake_nvidia_smi(host, case: str) -> dict:
+    """An nvidia-smi on the host's PATH that prints what the fixture's GPUs printed."""
+    fixture = json.loads((FIXTURES / "nvidia-smi" / f"{case}.json").read_text())
+    printed = fixture["nvidia_smi"]
+    version = f"printf %s {shlex.quote(printed['version'])}" if printed["version"] else "exit 6"
+    script = (
+        "#!/bin/sh\n"
+        f'case "$1" in --query-gpu=*) printf %s {shlex.quote(printed["query"])} ;; '
+        f"--version) {version} ;; *) printf %s {shlex.quote(printed['table'])} ;; esac\n"
+    )
+    path = "/usr/local/bin/nvidia-smi"
+    written = host.run(f"printf %s {shlex.quote(script)} > {path} && chmod 755 {path}")
+    assert written.returncode == 0, written.stderr
+    return fixture
 
 
 def test_dry_diff_of_a_fresh_host_shows_every_planned_file(testbed_factory, hub_mirror, tmp_path):
@@ -53,3 +73,21 @@ def test_dry_diff_of_a_fresh_host_shows_every_planned_file(testbed_factory, hub_
     # and nothing on the host
     assert host.run(f"test -e {TEST_ROOT}").returncode != 0
     assert host.run("test -e /etc/systemd/system/heavylift-tiny-mla.service").returncode != 0
+
+
+def test_glm5_refusal_names_the_hosts_own_gpus(testbed_factory, hub_mirror, tmp_path):
+    """The replay's 8x H200 host: the refusal names its GPUs (sm90), not the rollout's SM120, and says
+    that no host was changed."""
+    bed = testbed_factory(["h200"])
+    host = bed["h200"]
+    fixture = fake_nvidia_smi(host, "h200-x8")
+    inventory = tmp_path / "glm.py"
+    bed.write_inventory(inventory, host_data={"h200": tiny_site_data(hub_mirror.url, SHARED_UV_CACHE, model="glm-5")})
+
+    dry = run_pyinfra(inventory, "--dry", "--diff")
+    out = dry.output
+    assert dry.returncode != 0 and "Traceback" not in out, out[-4000:]
+    assert fixture["summary"].startswith("8x NVIDIA H200 (sm90, ")
+    assert f"model 'glm-5' is not supported by heavylift (chosen for host 'h200' ({fixture['summary']}) in {inventory})" in out, out[-4000:]
+    assert "no vLLM release serves this checkpoint, on any GPU" in out and "No host was changed." in out, out[-4000:]
+    assert host.run(f"test -e {TEST_ROOT}").returncode != 0
