@@ -25,6 +25,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, QuoteString
 from pyinfra.api.util import get_template
 from pyinfra.operations import files, server
+from pyinfra.operations.util.files import generate_color_diff
 
 from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
@@ -37,8 +38,9 @@ from operations import checkpoint, diskgc, fleet, hostlock, permissions, readine
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
-# 1. validate: a bad key or value stops the run here, before any host changes
-deployment = load_deployment(host)
+# 1. validate: a bad key or value stops the run here, before any host changes; an unsupported model's
+#    refusal names each host's own GPUs (a fact read, no change)
+deployment = load_deployment(host, gpus_of=lambda chosen: chosen.get_fact(NvidiaGpus).summary())
 try:
     # the HF token and API key, read on the control machine (env:NAME or file:PATH), kept as SecretStr
     secret_env = secrets.resolve(deployment.settings)
@@ -64,6 +66,8 @@ for rule in plan.resolution.fired:
     logger.info(f"{host.print_prefix}rule {rule.id}: {rule.title}: {'; '.join(rule.changes) or 'no change'}")
 for warning in plan.resolution.warnings:
     logger.warning(f"{host.print_prefix}{warning}")
+for note in plan.resolution.notes:
+    logger.info(f"{host.print_prefix}note: {note}")
 
 # one run at a time per host: a second run stops here, naming the holder (operations/hostlock.py)
 # pyinfra keeps no record of --dry where deploy code sees it; a dry run only looks at the lock
@@ -77,6 +81,10 @@ files.put(
     name="resolution (rules that fired, as JSON)",
     src=StringIO(json.dumps({"gpus": gpus.to_json(), **plan.resolution.to_json()}, indent=2, sort_keys=True) + "\n"),
     dest=f"{layout.deployment_dir}/resolution.json",
+    # the folder comes from the operation above; pyinfra stops a dry run's change detection (and its
+    # diff) at the first command, which would be the folder's mkdir on a fresh host (pyinfra 3.10
+    # api/operation.py: `for _ in command_generator(): ... break`, files.put yields it before the diff)
+    create_remote_dir=False,
 )
 runtime.uv(name=f"uv {plan.uv_version}", path=layout.uv, version=plan.uv_version,
            wheelhouse=deployment.settings.vllm.wheelhouse_upload)
@@ -146,9 +154,21 @@ rendered_configs = [
         repo=plan.snapshot.repo,
         commit=plan.snapshot.commit,
         document=text.rstrip("\n"),
+        create_remote_dir=False,  # the overlay folder above; see resolution.json
     )
     for filename, text in plan.rendered.items()
 ]
+if state.config.DIFF:
+    # what the rules and the catalog change in the checkpoint's own files, shown whether or not the host has
+    # the overlay yet (its diff above is against the host's current file)
+    for filename, text in plan.rendered.items():
+        changes = list(generate_color_diff(plan.pristine[filename].splitlines(True), text.splitlines(True)))
+        logger.info(
+            f"{host.print_prefix}overlay {filename} against the pristine {plan.snapshot.repo}@{plan.snapshot.commit[:12]}:"
+            + ("" if changes else " unchanged")
+        )
+        for line in changes:
+            logger.info(f"  {line}")
 
 # 6. service: a release (venv, overlay, launcher) switched in by a link; systemd or the fallback
 #    supervisor runs <deployment>/current/serve as the service user; restart only on change
@@ -179,7 +199,8 @@ release_id = release.release_id(
     plan.vllm_venv.path, launcher_text,
     {"content": content_dir, "rendered": plan.rendered, "links": plan.link_names},
 )
-launcher = files.put(name="vLLM launcher", src=StringIO(launcher_text), dest=layout.launcher, mode="755")
+launcher = files.put(name="vLLM launcher", src=StringIO(launcher_text), dest=layout.launcher, mode="755",
+                     create_remote_dir=False)  # the deployment folder, made first; see resolution.json
 env_file = secrets.env_file(
     name="vLLM secrets (0600, never shown)",
     path=layout.env_file,

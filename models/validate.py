@@ -442,23 +442,29 @@ def _check_host(host: Host, sources: DataSources | None, catalog: _Catalog) -> D
     )
 
 
-def _unsupported(name: str, users: list[tuple[Host, Origin]], catalog: _Catalog, sources: DataSources | None) -> str:
+def _unsupported(
+    name: str, users: list[tuple[Host, Origin]], catalog: _Catalog, sources: DataSources | None, gpus_of=None
+) -> str:
     entry = catalog.entry(name)
     assert isinstance(entry, CatalogEntry)
     shown = display_path(catalog.folder / f"{name}.yaml", sources.cwd if sources else None)
     by_file: dict[str, list[str]] = {}
     for host, origin in users:
-        by_file.setdefault(origin.label, []).append(repr(host.name))
+        # the host's own GPUs (a fact read, no change): the entry's reason speaks of the rollout's
+        by_file.setdefault(origin.label, []).append(repr(host.name) + (f" ({gpus_of(host)})" if gpus_of else ""))
     chosen = "; ".join(f"host{'s' if len(h) > 1 else ''} {', '.join(h)} in {label}" for label, h in by_file.items())
     reason = entry.support.reason.strip().rstrip(".")
     fix = entry.support.fix.strip().rstrip(".")
-    return f"{shown}: model {name!r} is not supported by heavylift (chosen for {chosen}): {reason}. Fix: {fix}."
+    return f"{shown}: model {name!r} is not supported by heavylift (chosen for {chosen}): {reason}. Fix: {fix}. No host was changed."
 
 
 def validate_hosts(
-    hosts: list[Host], catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None
+    hosts: list[Host], catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None, gpus_of=None
 ) -> tuple[dict[str, Deployment], list[str]]:
-    """Every host's Deployment, and every problem found (one line each, each naming its file)."""
+    """Every host's Deployment, and every problem found (one line each, each naming its file).
+
+    + gpus_of: host -> one line naming its GPUs, for the refusal of an unsupported model
+    """
     catalog = _Catalog(catalog_folder(catalog_dir))
     if sources is None:
         sources = DataSources.from_cli()
@@ -474,7 +480,7 @@ def validate_hosts(
         else:
             problems.extend(result)
     for name, users in unsupported.items():
-        problems.append(_unsupported(name, users, catalog, sources))
+        problems.append(_unsupported(name, users, catalog, sources, gpus_of))
     return deployments, problems
 
 
@@ -493,13 +499,15 @@ def _hosts_to_check(host: Host) -> list[Host]:
 
 
 def load_deployment(
-    host: Host, catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None
+    host: Host, catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None, gpus_of=None
 ) -> Deployment:
     """The validated Deployment of ``host``; raises HeavyliftConfigError if any active host's data is bad.
 
     + host: the pyinfra host (``from pyinfra import host`` in deploy.py)
     + catalog_dir: the catalog folder; default $HEAVYLIFT_CATALOG, else models/ of heavylift
     + sources: where the inventory's data came from; default: read from the pyinfra CLI's arguments
+    + gpus_of: host -> one line naming its GPUs (deploy.py reads the host's fact), named in the refusal of
+      an unsupported model
 
     The first call validates every active host of the inventory and keeps the result for
     the other hosts' calls in the same run.
@@ -508,7 +516,7 @@ def load_deployment(
     per_inventory = _RESULTS.setdefault(host.inventory, {})
     key = str(catalog.resolve())
     if key not in per_inventory or host.name not in per_inventory[key][0] and not per_inventory[key][1]:
-        per_inventory[key] = validate_hosts(_hosts_to_check(host), catalog, sources)
+        per_inventory[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of)
     deployments, problems = per_inventory[key]
     if problems:
         raise combine(problems)

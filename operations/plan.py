@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from . import checkpoint, compat, lockfile, runtime, vllm_build, weights
-from .features import model_features
+from .features import config_repo, model_features
 from .gpu import GpuInventory
 from .layout import Layout
 
@@ -41,6 +41,7 @@ class Plan:
     hub_venv: VenvPlan
     vllm_venv: VenvPlan
     rendered: dict[str, str]  # checkpoint file name -> rendered JSON text
+    pristine: dict[str, str]  # the same files as published, rendered alike (what a dry run diffs against)
     link_names: list[str]
     launcher_args: list[str]
     env: dict[str, str]
@@ -104,6 +105,10 @@ def patch_error(host_name: str, deployment, error: Exception):
 
 class RefusedError(ValueError):
     """The rules say this deployment cannot run on this host; raised before any host changes."""
+
+    def __init__(self, message: str, resolution: compat.Resolution | None = None):
+        super().__init__(message)
+        self.resolution = resolution  # every rule that fired, the refusals included
 
 
 def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str], dict]:
@@ -189,6 +194,26 @@ def vllm_venv_plan(
     )
 
 
+def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> dict | None:
+    """The config.json the rules read the model's features from.
+
+    A GGUF repository has no config.json: vLLM maps the base model's, the repo the entry names as
+    ``--tokenizer`` (features.config_repo; 0.23.0 gguf_loader.py _get_gguf_weights_map and vllm-gguf-plugin
+    0.0.5 weights_adapter/default.py read hf_config.model_type), so its head is pinned in the lock file
+    like the checkpoint's and its config.json fetched alone.
+    """
+    repo = config_repo(entry)
+    if "config.json" in pristine or repo == entry.hub.repo:
+        return pristine.get("config.json")
+    from huggingface_hub.errors import EntryNotFoundError
+
+    commit = lockfile.hub_commit(repo, "main", endpoint, refresh)
+    try:
+        return checkpoint.fetch_pristine_json(repo, commit, "config.json", endpoint)
+    except EntryNotFoundError:
+        return None
+
+
 def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None) -> Plan:
     settings, entry = deployment.settings, deployment.entry
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
@@ -204,20 +229,23 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runt
         if filename in present
     }
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
-    features = model_features(entry, pristine.get("config.json"), pristine.get("hf_quant_config.json"), weight_bytes)
+    features = model_features(
+        entry, base_config(entry, pristine, endpoint, settings.refresh_lock), pristine.get("hf_quant_config.json"), weight_bytes
+    )
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
     build = resolve_build(deployment, host_name)
     vllm = settings.vllm.model_copy(update={"version": build.version})
     resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
     if resolution.refusal is not None:
         refusal = resolution.refusal
-        raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}")
+        raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}", resolution)
 
-    rendered = {}
+    rendered, pristine_texts = {}, {}
     for filename, attribute in checkpoint.RENDERED_FILES.items():
         if filename in pristine:
             remove, set_values = merged_patch(entry.config_patch, resolution.config_patch, attribute)
             rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
+            pristine_texts[filename] = checkpoint.render_json(pristine[filename])
     link_names = sorted(present - set(rendered))
 
     vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime)
@@ -257,6 +285,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runt
         hub_venv=hub_venv,
         vllm_venv=vllm_venv,
         rendered=rendered,
+        pristine=pristine_texts,
         link_names=link_names,
         launcher_args=args,
         env=env,

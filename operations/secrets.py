@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 
 from pydantic import SecretStr
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import Sha256File
@@ -83,6 +83,19 @@ def render_env_file(template: str, deployment: str, secrets: dict[str, SecretStr
     return get_template(template).render(deployment=deployment, env=values)
 
 
+def shown_without_values(text: str) -> list[str]:
+    """The lines of an environment file with every value replaced: comments and names stay."""
+    lines = []
+    for line in text.splitlines():
+        name, equals, _ = line.partition("=")
+        if line.strip() and not line.lstrip().startswith("#") and equals:
+            line = f"{name}=<not shown>"
+        elif line.strip() and not line.lstrip().startswith("#"):
+            line = "<not shown>"
+        lines.append(line)
+    return lines
+
+
 @operation()
 def env_file(path: str, content: SecretStr | str, mode: str = "600"):
     """
@@ -94,9 +107,17 @@ def env_file(path: str, content: SecretStr | str, mode: str = "600"):
     """
     text = content.get_secret_value() if isinstance(content, SecretStr) else content
     wanted = hashlib.sha256(text.encode()).hexdigest()
-    if host.get_fact(Sha256File, path=path) == wanted:
+    present = host.get_fact(Sha256File, path=path)
+    if present == wanted:
         host.noop(f"{path} is up to date (sha256 {wanted[:12]})")
         return
+    if state.config.DIFF:
+        # what pyinfra's files.put shows, with every value hidden: the names only, never the file's
+        # current content (reading it back would bring the secrets to the control machine)
+        host.log(f"Will {'modify' if present else 'create'} {path} (values not shown)", logger.info)
+        for line in shown_without_values(text):
+            logger.info(f"  + {line}")
+        logger.info("")
     temporary = posixpath.join(posixpath.dirname(path), "." + posixpath.basename(path) + ".new")
     # umask 077: the file never exists with a wider mode; content arrives on stdin, not argv
     yield StringCommand(

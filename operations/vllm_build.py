@@ -160,7 +160,11 @@ def _listing(versions: list[Version], limit: int = 8) -> str:
 def _why_excluded(wanted: Version, present: list[Version]) -> str:
     """Why an index that has other builds does not satisfy ``==wanted``."""
     reasons = []
-    pre = sorted(v for v in present if v.is_prerelease and v.release[:3] == wanted.release[:3] and not wanted.is_prerelease)
+    # PEP 440 pads a release with zeros when it compares (0.16 == 0.16.0): compare three parts, padded
+    def release3(version: Version) -> tuple[int, ...]:
+        return (*version.release, 0, 0, 0)[:3]
+
+    pre = sorted(v for v in present if v.is_prerelease and release3(v) == release3(wanted) and not wanted.is_prerelease)
     if pre:
         reasons.append(
             f"{pre[-1]} is a pre-release of {wanted.base_version}: PEP 440 sorts it below {wanted.base_version}, so neither "

@@ -227,8 +227,8 @@ CLI_CASES = [
     Case(
         "unsupported model glm-5",
         set_("model", "glm-5"),
-        ("models/glm-5.yaml: model 'glm-5' is not supported by heavylift (chosen for host '@local' in {inventory}): "
-         "no vLLM release serves this checkpoint on SM120",
+        ("models/glm-5.yaml: model 'glm-5' is not supported by heavylift (chosen for host '@local' (no NVIDIA GPU",
+         "in {inventory}): no vLLM release serves this checkpoint, on any GPU", "No host was changed.",
          "Unknown gguf model_type", "Fix: serve a safetensors release of GLM-5"),
         file="models/glm-5.yaml",
     ),

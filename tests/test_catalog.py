@@ -147,13 +147,16 @@ def test_glm5_is_refused_when_a_host_asks_for_it(tmp_path):
     inventory_file.write_text("# written by the test\n")
     inventory = Inventory(([("gpu1", {"model": "glm-5", "vllm": {"version": "0.34.0"}})], {}))
     host = inventory.get_host("gpu1")
+    h200 = "8x NVIDIA H200 (sm90, 140.4 GiB each), driver 570.133.20, CUDA 12.8"
     with pytest.raises(HeavyliftConfigError) as caught:
-        load_deployment(host, sources=DataSources.for_inventory(inventory_file, cwd=tmp_path))
+        load_deployment(host, sources=DataSources.for_inventory(inventory_file, cwd=tmp_path), gpus_of=lambda h: h200)
     message = str(caught.value)
     assert message.startswith(f"{DEFAULT_CATALOG / 'glm-5.yaml'}: model 'glm-5' is not supported by heavylift")
-    assert "host 'gpu1' in site.py" in message
+    # the host's own GPUs, not the rollout's SM120 as if it were every host's
+    assert f"host 'gpu1' ({h200}) in site.py): no vLLM release serves this checkpoint, on any GPU" in message
     assert "glm_moe_dsa" in message and "Unknown gguf model_type" in message
     assert "Fix: serve a safetensors release of GLM-5" in message
+    assert message.endswith("No host was changed.")
 
 
 def test_a_supported_entry_gives_a_deployment(tmp_path):

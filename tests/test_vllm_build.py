@@ -282,3 +282,14 @@ def test_wheelhouse_install_makes_no_index_request(index, uv_env, tmp_path):
     # without the wheelhouse the same install has nowhere to go
     naive, _ = uv_install({**blocked, "UV_EXTRA_INDEX_URL": ""}, tmp_path, ["--offline", "vllm==0.34.0"])
     assert naive.returncode != 0
+
+
+@pytest.mark.parametrize("asked", ["0.16.0", "0.16", "0.16.0.0"])
+def test_a_short_version_gets_the_prerelease_explanation(index, asked):
+    """`version: "0.16"` is 0.16.0 to PEP 440 (trailing zeros do not count): the same explanation as "0.16.0"."""
+    with pytest.raises(vllm_build.BuildNotFound) as missing:
+        vllm_build.resolve(request(version=asked, index_url=f"{index.url}/{NEW}/"))
+    text = str(missing.value)
+    assert f"vllm=={asked} is not on {index.url}/{NEW}/vllm/: it has {NEW_VERSION}" in text, text
+    assert f"{NEW_VERSION} is a pre-release of {asked}: PEP 440 sorts it below {asked}" in text, text
+    assert f'ask for it exactly (version: "{NEW_VERSION}")' in text, text
