@@ -300,6 +300,9 @@ def explain_error(
         shown = describe_value(value) if kind in _TYPE_FIXES else short_repr(value)
         if value is HIDDEN:
             shown = HIDDEN
+        elif re.search(r"(^|\.)extra_args\[\d+\]$", path):
+            # one item of an argument list: it may be the value of the --api-key before it, never shown
+            shown = _ARTICLE_TYPES.get(type(value), f"a {type(value).__name__}")
         if short_repr(value) not in message:
             got = f" (got {shown})"
     if not path:

