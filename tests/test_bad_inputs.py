@@ -651,7 +651,7 @@ PLAN_CASES = [
         "catalog serve.extra_args --gpu-memory-utilization 2",
         set_("model", "entry"),
         ("{catalog}/entry.yaml line 22: field 'serve.extra_args': '--gpu-memory-utilization' takes a number above 0 "
-         "and at most 1 (vLLM's range), not '2'"),
+         "and at most 1 (vLLM's range), not '2'",),
         file="{catalog}/entry.yaml",
         catalog={"entry": catalog_entry(**{'extra_args: ["--enforce-eager"]':
                                            'extra_args: ["--enforce-eager", "--gpu-memory-utilization", "2"]'})},
