@@ -50,14 +50,15 @@ class Neighbour:
 class HostNeighbours(FactBase):
     """Each deployment's launcher under ``deployments_dir`` and the TCP ports listened on.
 
-    Returns {"launchers": {name: text}, "listening": [port, ...]}.
+    Returns {"launchers": {"<name>/serve" or "<name>/current/serve": text}, "listening": [port, ...]}.
     """
 
     def command(self, deployments_dir):
         folder = QuoteString(deployments_dir)
+        # <name>/serve: the launcher of the last run; <name>/current/serve: the release vLLM runs now
         loop = (
-            'for f in "$0"/*/serve; do [ -f "$f" ] || continue; '
-            'printf "### %s\\n" "$(basename "$(dirname "$f")")"; cat "$f"; echo; done; '
+            'for f in "$0"/*/serve "$0"/*/current/serve; do [ -f "$f" ] || continue; '
+            'printf "### %s\\n" "${f#"$0"/}"; cat "$f"; echo; done; '
             'echo "### /proc/net/tcp"; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; true'
         )
         return StringCommand("sh", "-c", QuoteString(loop), folder)
@@ -131,23 +132,24 @@ def check(deployment, host_name: str, gpu_count: int, origin) -> None:
     settings, entry = deployment.settings, deployment.entry
     deployments_dir = posixpath.join(settings.root, "deployments")
     found = host.get_fact(HostNeighbours, deployments_dir=deployments_dir)
-    neighbours = [
-        read_launcher(name, posixpath.join(deployments_dir, name, "serve"), text)
-        for name, text in sorted(found["launchers"].items())
+    launchers = [
+        read_launcher(path.split("/", 1)[0], posixpath.join(deployments_dir, path), text)
+        for path, text in sorted(found["launchers"].items())
     ]
-    own = next((n for n in neighbours if n.name == deployment.name), None)
-    others = [n for n in neighbours if n.name != deployment.name]
+    own_ports = {n.port for n in launchers if n.name == deployment.name}
+    running = [n for n in launchers if n.name != deployment.name]  # their last launcher and their current release
+    others = [n for n in running if not n.launcher.endswith("/current/serve")]
     port = settings.port
     suffix = "No host was changed."
 
-    for other in others:
+    for other in running:
         if other.port == port:
             raise HeavyliftConfigError(
                 f"{origin('port')}, host '{host_name}': field 'port': port {port} is already served by deployment "
                 f"'{other.name}' on this host ({other.launcher}). Fix: give deployment '{deployment.name}' a port of "
                 f"its own, or remove '{other.name}' from the host first. {suffix}"
             )
-    if port in found["listening"] and not (own is not None and own.port == port):
+    if port in found["listening"] and port not in own_ports:
         raise HeavyliftConfigError(
             f"{origin('port')}, host '{host_name}': field 'port': something other than a heavylift deployment already "
             f"listens on port {port} on this host (see `ss -ltnp 'sport = :{port}'` there). Fix: choose a free port, "

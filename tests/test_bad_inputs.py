@@ -453,6 +453,15 @@ def neighbour(port: int, devices: str | None = None, fraction: str | None = None
     return setup
 
 
+def moved_neighbour(root: Path) -> None:
+    """Deployment 'other' whose last run rendered port 9999 but whose current release still serves 8000."""
+    neighbour(9999)(root)
+    release = root / "deployments" / "other" / "releases" / "r1"
+    release.mkdir(parents=True)
+    (release / "serve").write_text(launcher(8000))
+    (root / "deployments" / "other" / "current").symlink_to("releases/r1")
+
+
 def wheelhouse(*names: str):
     """vllm.wheelhouse at {wheels} (on the @local host), holding files of these names."""
     def change(data: dict) -> None:
@@ -620,6 +629,13 @@ PLAN_CASES = [
         ("{inventory}, host '@local': field 'port': port 8000 is already served by deployment 'other' on this host "
          "({root}/deployments/other/serve)", "Fix: give deployment 'tiny-llama' a port of its own"),
         setup=neighbour(8000),
+    ),
+    Case(
+        "port another deployment's running release serves on",
+        set_("port", 8000),
+        ("field 'port': port 8000 is already served by deployment 'other' on this host "
+         "({root}/deployments/other/current/serve)",),
+        setup=moved_neighbour,
     ),
     Case(
         "GPU another deployment uses",

@@ -50,8 +50,10 @@ def test_read_launcher_as_rendered(args, env, port, gpus, fraction):
 
 def test_listening_ports_from_the_real_fact_command(tmp_path):
     """The fact's shell command on this machine: a real listener is found, a closed port is not."""
-    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "releases" / "r1").mkdir(parents=True)
     (tmp_path / "other" / "serve").write_text(rendered_launcher(["--port", "8123"], {}))
+    (tmp_path / "other" / "releases" / "r1" / "serve").write_text(rendered_launcher(["--port", "8124"], {}))
+    (tmp_path / "other" / "current").symlink_to("releases/r1")
     (tmp_path / "no-launcher").mkdir()
     with socket.socket() as listener, socket.socket() as closed:
         listener.bind(("127.0.0.1", 0))
@@ -62,5 +64,6 @@ def test_listening_ports_from_the_real_fact_command(tmp_path):
         found = HostNeighbours().process(output.splitlines())
         assert listener.getsockname()[1] in found["listening"]
         assert closed.getsockname()[1] not in found["listening"]
-    assert list(found["launchers"]) == ["other"]
-    assert read_launcher("other", "", found["launchers"]["other"]).port == 8123
+    assert sorted(found["launchers"]) == ["other/current/serve", "other/serve"]
+    assert read_launcher("other", "", found["launchers"]["other/serve"]).port == 8123
+    assert read_launcher("other", "", found["launchers"]["other/current/serve"]).port == 8124
