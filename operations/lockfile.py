@@ -15,6 +15,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from models.errors import HeavyliftConfigError
+
 PUBLIC_HUB = "https://huggingface.co"
 
 
@@ -42,15 +44,32 @@ def lock_path() -> Path:
     return inventory.with_suffix(".lock.json")
 
 
+class LockFileError(HeavyliftConfigError):
+    """The lock file cannot be read: said with its path and the fix, before any host changes."""
+
+
+def _entries(path: Path, text: str) -> dict[str, dict]:
+    fix = f"Fix: restore {path.name} from version control, or delete it to resolve every reference again. No host was changed."
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise LockFileError(f"{path}: the lock file is not valid JSON ({error}). {fix}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("resolved", {}), dict):
+        raise LockFileError(f"{path}: field 'resolved': the lock file is not a mapping with a 'resolved' mapping. {fix}")
+    entries = document.get("resolved", {})
+    for key, value in entries.items():
+        # every entry is {"commit": ..., ...} (Hub) or {"version": ..., "commit": ...} (nightly build)
+        if not isinstance(value, dict) or not all(isinstance(v, (str, int, float, type(None))) for v in value.values()):
+            raise LockFileError(f"{path}: field 'resolved.{key}': not a mapping of exact values. {fix}")
+    return entries
+
+
 class LockFile:
     def __init__(self, path: Path):
         self.path = path
         self.entries: dict[str, dict] = {}
         if path.exists():
-            try:
-                self.entries = json.loads(path.read_text()).get("resolved", {})
-            except ValueError as error:
-                raise ValueError(f"{path}: not valid JSON ({error}); delete it to resolve every reference again") from None
+            self.entries = _entries(path, path.read_text())
 
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)
@@ -86,7 +105,13 @@ def hub_commit(repo: str, revision: str, endpoint: str | None, refresh: bool) ->
     key = f"hub {endpoint or PUBLIC_HUB} {repo}@{revision}"
     entry = lock.get(key)
     if entry and not refresh:
-        return entry["commit"]
+        commit = entry.get("commit")
+        if not (isinstance(commit, str) and len(commit) == 40):
+            raise LockFileError(
+                f"{lock.path}: field 'resolved.{key}.commit': {commit!r} is not a full 40-hex commit. Fix: restore "
+                f"{lock.path.name} from version control, or delete it to resolve every reference again. No host was changed."
+            )
+        return commit
     from huggingface_hub import HfApi
 
     commit = HfApi(endpoint=endpoint).model_info(repo, revision=revision).sha

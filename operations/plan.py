@@ -68,12 +68,11 @@ def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
     return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
 
 
-def build_error(host_name: str, runtime, error: Exception):
+def build_error(host_name: str, runtime, error: Exception, origin=None):
     """The requested vLLM build does not exist where it would be installed from: file, field, what exists, fix."""
     from models.errors import HeavyliftConfigError
 
-    inventory = lockfile.inventory_path()
-    where = f"{inventory.name}, " if inventory else ""
+    where = f"{site_origin(origin, 'vllm')}, "
     field_name = "vllm.nightly" if runtime.nightly else "vllm.version"
     return HeavyliftConfigError(
         f"{where}host '{host_name}': field '{field_name}': {error}. Fix: choose a build the index lists (versions "
@@ -88,15 +87,14 @@ def series_checked(build, patch_files: tuple[str, ...], wheelhouse: str | None) 
     return vllm_build.check_patch_series(build, list(patch_files), wheelhouse)
 
 
-def patch_error(host_name: str, deployment, error: Exception):
+def patch_error(host_name: str, deployment, error: Exception, origin=None):
     from models.errors import HeavyliftConfigError
 
     where = []
     if deployment.entry.vllm_patches:
         where.append(f"{deployment.entry_file.name} field 'vllm_patches'")
     if deployment.settings.vllm.patches:
-        inventory = lockfile.inventory_path()
-        where.append(f"{inventory.name + ' ' if inventory else ''}field 'vllm.patches'")
+        where.append(f"{site_origin(origin, 'vllm')} field 'vllm.patches'")
     return HeavyliftConfigError(
         f"host '{host_name}': {error} (series from {' and '.join(where)}). Fix: rebase the patch onto this build, drop it "
         "if the build already has the change, or pin the build the series was written for. No host was changed."
@@ -104,7 +102,120 @@ def patch_error(host_name: str, deployment, error: Exception):
 
 
 class RefusedError(ValueError):
-    """The rules say this deployment cannot run on this host; raised before any host changes."""
+    """The rules say this deployment cannot run on this host; raised before any host changes.
+
+    ``where``: the file that set the value the refusal is about (None: the catalog entry);
+    ``resolution``: every rule that fired, the refusals included.
+    """
+
+    def __init__(self, message: str, where: str | None = None, resolution: compat.Resolution | None = None):
+        super().__init__(message)
+        self.where = where
+        self.resolution = resolution
+
+
+def refusal_origin(deployment, message: str, origin) -> str | None:
+    """The site's file when the refusal is about a value the site set over the catalog's, else None."""
+    for key in ("tensor_parallel_size", "max_model_len"):
+        if key in message and getattr(deployment.settings, key) is not None and origin is not None:
+            return origin(key)
+    return None
+
+
+def site_origin(origin, key: str) -> str:
+    """The file that set a site key (``origin(key)``), else the inventory named on the command line."""
+    if origin is not None:
+        return origin(key)
+    inventory = lockfile.inventory_path()
+    return inventory.name if inventory else "the inventory"
+
+
+def hub_error(deployment, host_name: str, origin, error: Exception):
+    """A plan-time Hub call failed: the file and field that chose what was asked, and the fix."""
+    from huggingface_hub import errors as hub
+    from models.errors import HeavyliftConfigError
+
+    entry, settings = deployment.entry, deployment.settings
+    catalog = str(deployment.entry_file)
+    hub_url = settings.hf_endpoint or lockfile.PUBLIC_HUB
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if type(error) is hub.RepositoryNotFoundError and repository_exists(entry.hub.repo, settings.hf_endpoint):
+        # a mirror (olah 0.5.4) answers RepoNotFound for a revision it does not have; the Hub says RevisionNotFound
+        error = hub.RevisionNotFoundError(str(error), response=error.response)
+    if isinstance(error, hub.GatedRepoError):
+        if settings.hf_token:
+            where, name = site_origin(origin, "hf_token"), "hf_token"
+            what = f"{hub_url} refused the token for {entry.hub.repo!r} (HTTP {status}): it is gated or private"
+            fix = "request access to the repository on the Hub with the token's account, or give a token that has it"
+        else:
+            where, name = site_origin(origin, "hf_endpoint" if settings.hf_endpoint else "model"), "hf_token"
+            what = f"{entry.hub.repo!r} on {hub_url} is gated or private (HTTP {status}) and no hf_token is set"
+            fix = 'set hf_token = "env:HF_TOKEN" (or "file:/path") with a token that has access'
+    elif isinstance(error, hub.RevisionNotFoundError):
+        where, name = catalog, "hub.revision"
+        what = f"{entry.hub.repo!r} on {hub_url} has no revision {entry.hub.revision!r}"
+        fix = "give a branch, tag or full 40-hex commit the repository has"
+    elif isinstance(error, hub.RepositoryNotFoundError):
+        where, name = catalog, "hub.repo"
+        what = f"{hub_url} has no repository {entry.hub.repo!r} (or it is private and the token cannot see it)"
+        fix = "check the repository name (owner/name), or point hf_endpoint at the mirror that holds it"
+    elif status in (401, 403):
+        where, name = site_origin(origin, "hf_token"), "hf_token"
+        what = f"{hub_url} refused access to {entry.hub.repo!r} (HTTP {status})"
+        fix = 'set hf_token = "env:HF_TOKEN" (or "file:/path") with a token that has access'
+    elif isinstance(error, hub.HfHubHTTPError):
+        where, name = site_origin(origin, "hf_endpoint"), "hf_endpoint"
+        what = f"{hub_url} answered HTTP {status} for {entry.hub.repo!r}"
+        fix = "check that hf_endpoint is a Hugging Face Hub or a mirror of it"
+    else:  # no answer at all: refused, unknown host, timeout (httpx, OSError, an offline fallback)
+        where, name = site_origin(origin, "hf_endpoint"), "hf_endpoint"
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        what = f"the Hub at {hub_url} cannot be reached from the control machine ({reason})"
+        fix = "start or fix the mirror, or set hf_endpoint to a Hub this machine can reach"
+    return HeavyliftConfigError(
+        f"{where}, host '{host_name}': field '{name}': {what}. Fix: {fix}. No host was changed."
+    )
+
+
+def repository_exists(repo: str, endpoint: str | None) -> bool:
+    """Whether the Hub knows ``repo`` at all (its default branch, else ``main``)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint)
+    for revision in (None, "main"):
+        try:
+            api.model_info(repo, revision=revision)
+            return True
+        except Exception:  # noqa: BLE001 (any answer but a good one: not known)
+            continue
+    return False
+
+
+def snapshot_from_hub(deployment, host_name: str, origin=None):
+    """The pinned commit, its file list and its small configs: every plan-time Hub call of a deployment."""
+    from huggingface_hub import errors as hub
+
+    settings, entry = deployment.settings, deployment.entry
+    endpoint = settings.hf_endpoint
+    try:
+        commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, settings.refresh_lock)
+        snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))
+        present = {f.path for f in snapshot.files}
+        pristine = {
+            filename: checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
+            for filename in checkpoint.RENDERED_FILES
+            if filename in present
+        }
+    except lockfile.LockFileError:
+        raise
+    except (hub.HfHubHTTPError, hub.LocalEntryNotFoundError, OSError) as error:
+        raise hub_error(deployment, host_name, origin, error) from None
+    except Exception as error:
+        # httpx's transport errors are not OSError
+        if type(error).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2"):
+            raise hub_error(deployment, host_name, origin, error) from None
+        raise
+    return commit, snapshot, present, pristine
 
     def __init__(self, message: str, resolution: compat.Resolution | None = None):
         super().__init__(message)
@@ -118,20 +229,19 @@ def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str],
     return remove, {**ours.set, **theirs.set}
 
 
-def resolve_build(deployment, host_name: str) -> vllm_build.Build:
+def resolve_build(deployment, host_name: str, origin=None) -> vllm_build.Build:
     """The exact vLLM build for a deployment; a HeavyliftConfigError (what exists, why excluded) when there is none."""
     settings = deployment.settings
     try:
         return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock)
     except vllm_build.BuildNotFound as error:
-        raise build_error(host_name, settings.vllm, error) from None
+        raise build_error(host_name, settings.vllm, error, origin) from None
 
 
-def host_packages_error(host_name: str, why: str):
+def host_packages_error(host_name: str, why: str, origin=None):
     from models.errors import HeavyliftConfigError
 
-    inventory = lockfile.inventory_path()
-    where = f"{inventory.name}, " if inventory else ""
+    where = f"{site_origin(origin, 'vllm')}, "
     return HeavyliftConfigError(
         f"{where}host '{host_name}': field 'vllm.host_packages': {why}. Fix: pin the vLLM build made for the host's "
         "torch (vLLM 0.20-0.26 pin torch 2.11.0, 0.28/0.30 2.13.0, 0.33/0.34 2.14.0), or drop 'torch' from "
@@ -139,17 +249,21 @@ def host_packages_error(host_name: str, why: str):
     )
 
 
-def host_package_spec(vllm, host_name: str, build: vllm_build.Build, host_runtime: runtime.HostRuntime) -> dict:
+def host_package_spec(
+    vllm, host_name: str, build: vllm_build.Build, host_runtime: runtime.HostRuntime, origin=None,
+) -> dict:
     """name -> {version, site} of each host package, refused here (before any change) when one is missing
     or the host's torch is not the build's."""
     names = runtime.host_package_names(vllm)
     found = host_runtime.packages
     if found is None:
-        raise host_packages_error(host_name, f"the interpreter {vllm.python!r} (field 'vllm.python') is not on the host")
+        raise host_packages_error(
+            host_name, f"the interpreter {vllm.python!r} (field 'vllm.python') is not on the host", origin,
+        )
     # a companion (torch's triton) comes from the host where the host has it: a CPU torch has none
     missing = [n for n in vllm.host_packages if n not in found["packages"]]
     if missing:
-        raise host_packages_error(host_name, f"the host's {vllm.python} has no {', '.join(missing)}")
+        raise host_packages_error(host_name, f"the host's {vllm.python} has no {', '.join(missing)}", origin)
     names = [n for n in names if n in found["packages"]]
     requirements = host_runtime.build_requirements
     if requirements is None and vllm.wheelhouse_upload:
@@ -159,13 +273,13 @@ def host_package_spec(vllm, host_name: str, build: vllm_build.Build, host_runtim
         requirements = vllm_build.build_requirements(build) or vllm_build.wheel_requirements(vllm_build.build_wheel_file(build))
     why = runtime.host_torch_mismatch(list(requirements) if requirements is not None else None, found, build.label())
     if why:
-        raise host_packages_error(host_name, why)
+        raise host_packages_error(host_name, why, origin)
     return {n: found["packages"][n] for n in names}
 
 
 def vllm_venv_plan(
     deployment, host_name: str, build: vllm_build.Build, layout: Layout, extra_packages=(),
-    host_runtime: runtime.HostRuntime | None = None,
+    host_runtime: runtime.HostRuntime | None = None, origin=None,
 ) -> VenvPlan:
     """The venv that holds ``build``: its spec (content address), checks and patch series, checked here first."""
     entry = deployment.entry
@@ -176,7 +290,9 @@ def vllm_venv_plan(
         vllm_spec["wheelhouse"] = vllm.wheelhouse
     if vllm.host_packages:
         # the host's versions and folders are part of the venv's identity: a new image torch, a new venv
-        vllm_spec["host_packages"] = host_package_spec(vllm, host_name, build, host_runtime or runtime.HostRuntime())
+        vllm_spec["host_packages"] = host_package_spec(
+            vllm, host_name, build, host_runtime or runtime.HostRuntime(), origin,
+        )
     # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
     patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
     if patch_files:
@@ -185,7 +301,7 @@ def vllm_venv_plan(
             # before any host changes: the series against the build's own files, from its wheel
             series_checked(build, patch_files, vllm.wheelhouse_upload)
         except vllm_build.PatchDoesNotApply as error:
-            raise patch_error(host_name, deployment, error) from None
+            raise patch_error(host_name, deployment, error, origin) from None
     return VenvPlan(
         layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
         runtime.vllm_check(vllm.package, vllm.version), patch_files,
@@ -214,31 +330,27 @@ def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> d
         return None
 
 
-def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None) -> Plan:
+def make_plan(
+    deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None, origin=None,
+) -> Plan:
+    """``origin(key)``: the file that set a site key (deploy.py's data_origin), named in refusals."""
     settings, entry = deployment.settings, deployment.entry
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
     endpoint = settings.hf_endpoint
-    commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, settings.refresh_lock)
-    snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))
-    present = {f.path for f in snapshot.files}
-
     # the checkpoint's own configs, kilobytes fetched alone before any shard moves
-    pristine = {
-        filename: checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
-        for filename in checkpoint.RENDERED_FILES
-        if filename in present
-    }
+    commit, snapshot, present, pristine = snapshot_from_hub(deployment, host_name, origin)
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
     features = model_features(
         entry, base_config(entry, pristine, endpoint, settings.refresh_lock), pristine.get("hf_quant_config.json"), weight_bytes
     )
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
-    build = resolve_build(deployment, host_name)
+    build = resolve_build(deployment, host_name, origin)
     vllm = settings.vllm.model_copy(update={"version": build.version})
     resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
     if resolution.refusal is not None:
         refusal = resolution.refusal
-        raise RefusedError(f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}", resolution)
+        message = f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}"
+        raise RefusedError(message, refusal_origin(deployment, refusal.message, origin), resolution)
 
     rendered, pristine_texts = {}, {}
     for filename, attribute in checkpoint.RENDERED_FILES.items():
@@ -248,7 +360,7 @@ def make_plan(deployment, host_name: str, gpus: GpuInventory, host_runtime: runt
             pristine_texts[filename] = checkpoint.render_json(pristine[filename])
     link_names = sorted(present - set(rendered))
 
-    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime)
+    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime, origin)
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
     if vllm.wheelhouse:
         # an air-gapped host installs its Hub client from the same wheelhouse as vLLM

@@ -177,6 +177,50 @@ for wheel in sorted(Path(folder).glob("*.whl")):
         return [line for line in lines if line != "#found"] if "#found" in lines else None
 
 
+class WheelhouseWheels(FactBase):
+    """The wheel files in a folder on the host, or None when the folder is not there."""
+
+    def command(self, folder):
+        return StringCommand(
+            "if", "[", "-d", QuoteString(folder), "]", ";", "then", "find", QuoteString(folder), "-maxdepth", "1",
+            "-name", QuoteString("*.whl"), "-printf", QuoteString("%f\\n"), ";", "else", "echo", "'#missing'", ";", "fi",
+        )
+
+    def default(self):
+        return None
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return None if lines == ["#missing"] else lines
+
+
+def check_wheelhouse(vllm, where: str) -> None:
+    """An air-gapped host's ``vllm.wheelhouse`` folder is there and holds a wheel of ``vllm.package``:
+    refused at plan time (before the root, the lock and uv are made), not by uv's offline install."""
+    from packaging.utils import canonicalize_name
+
+    from models.errors import HeavyliftConfigError
+
+    if not vllm.wheelhouse or vllm.wheelhouse_upload:
+        return  # uploaded by the run itself (deploy section 3)
+    wheels = host.get_fact(WheelhouseWheels, folder=vllm.wheelhouse)
+    fix = (
+        f"copy the wheels onto the host into {vllm.wheelhouse} (scripts/gpu_payload.py builds such a folder), "
+        "or set vllm.wheelhouse_upload to a folder of them on this machine"
+    )
+    if wheels is None:
+        raise HeavyliftConfigError(
+            f"{where}: field 'vllm.wheelhouse': the folder {vllm.wheelhouse} is not on the host. Fix: {fix}. "
+            "No host was changed."
+        )
+    package = canonicalize_name(vllm.package)
+    if not any(canonicalize_name(name.split("-", 1)[0]) == package for name in wheels):
+        raise HeavyliftConfigError(
+            f"{where}: field 'vllm.wheelhouse': {vllm.wheelhouse} on the host holds no {vllm.package} wheel "
+            f"({len(wheels)} other wheels). Fix: {fix}. No host was changed."
+        )
+
+
 @dataclass(frozen=True)
 class HostRuntime:
     """What the host's own Python offers a venv: the packages ``vllm.host_packages`` names

