@@ -21,6 +21,7 @@ import json
 import os
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -33,6 +34,7 @@ class StaticHub:
         self.served: dict[str, int] = {}
         self.ranges: list[tuple[str, str]] = []
         self.lock = threading.Lock()
+        self.active = 0  # file bodies being sent right now (a killed client's may still be draining)
         for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
             digest = hashlib.sha256()
             with open(path, "rb") as handle:
@@ -107,21 +109,38 @@ class StaticHub:
                 self.send_header("X-Repo-Commit", hub.commit)
                 self.end_headers()
                 if send_body:
+                    with hub.lock:
+                        hub.active += 1
                     with open(hub.folder / name, "rb") as handle:
                         offset = start
                         try:
+                            # at most 1 MiB a call: a blocking sendfile of a whole shard returns only when all of
+                            # it is sent, and the count would jump at the end (or land after a reset)
                             while offset < end:
-                                sent = os.sendfile(self.wfile.fileno(), handle.fileno(), offset, end - offset)
+                                sent = os.sendfile(self.wfile.fileno(), handle.fileno(), offset, min(end - offset, 1 << 20))
                                 offset += sent
                                 with hub.lock:
                                     hub.served[name] = hub.served.get(name, 0) + sent
                         except OSError:  # the client went away (a killed download)
                             self.close_connection = True
+                        finally:
+                            with hub.lock:
+                                hub.active -= 1
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """True once no file body is being sent (a killed client's responses have ended)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.active == 0:
+                    return True
+            time.sleep(0.05)
+        return False
 
     def reset_counts(self) -> None:
         with self.lock:

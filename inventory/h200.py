@@ -10,9 +10,12 @@ offline into a venv that reuses the image's own CUDA torch (vllm.host_packages) 
 downloading ~3 GB of CUDA wheels. The checkpoints are generated on the machine
 (testbed/gpu_checkpoints.py) and served by a Hub stand-in on loopback (benchmarks/static_hub.py).
 
-HEAVYLIFT_H200_DEPLOYMENT picks the deployment: "llama-8b" (a Llama-3.1-8B-shaped checkpoint, port
-8000) or "mla" (a Kimi-K2-attention-shaped MLA model declaring an FP8 KV cache, port 8001). Both run
-side by side on the one GPU, each with a share of its memory.
+HEAVYLIFT_H200_DEPLOYMENT picks the deployment. On one H200: "llama-8b" (a Llama-3.1-8B-shaped checkpoint,
+port 8000) or "mla" (a Kimi-K2-attention-shaped MLA model declaring an FP8 KV cache, port 8001), side by
+side on the one GPU. On eight H200s (mla-dsv3-width, DeepSeek-V3's full width in four layers): "tp8"
+(tensor parallel 8 over GPUs 0-7, port 8000), "tp4-a" / "tp4-b" (GPUs 0-3 / 4-7, ports 8002 / 8003).
+The service's environment carries NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+NVSHMEM_DISABLE_NVLS=1 (the launcher exports them; vLLM's worker processes inherit them).
 """
 
 import os
@@ -29,11 +32,20 @@ _NOT_CARRIED = [
 ]
 
 _DEPLOYMENTS = {
-    "llama-8b": {"model": "llama-3.1-8b-shape", "port": 8000, "hf_endpoint": "http://127.0.0.1:8390",
-                 "extra_args": ["--gpu-memory-utilization", "0.55"]},
+    # one H200 (device kind nvidia-h200): two deployments side by side on GPU 0, each with a share of its memory
     # the generated MLA config has max_position_embeddings 2048 (vLLM refuses a longer max_model_len)
-    "mla": {"model": "mla-kimi-shape", "port": 8001, "hf_endpoint": "http://127.0.0.1:8391", "max_model_len": 2048,
-            "extra_args": ["--gpu-memory-utilization", "0.3"]},
+    "llama-8b": {"model": "llama-3.1-8b-shape", "deployment": "llama-8b", "port": 8000, "gpus": [0],
+                 "hf_endpoint": "http://127.0.0.1:8390", "extra_args": ["--gpu-memory-utilization", "0.55"]},
+    "mla": {"model": "mla-kimi-shape", "deployment": "mla", "port": 8001, "gpus": [0], "max_model_len": 2048,
+            "hf_endpoint": "http://127.0.0.1:8391", "extra_args": ["--gpu-memory-utilization", "0.3"]},
+    # eight H200s (device kind nvidia-h200-x8): DeepSeek-V3's width with tensor parallelism over all eight,
+    # then two TP-4 deployments on GPUs 0-3 and 4-7; 0.45 of each GPU, so TP-8 and a TP-4 fit together
+    **{
+        name: {"model": "mla-dsv3-width", "deployment": f"dsv3-{name}", "port": port, "tensor_parallel_size": len(gpus),
+               "gpus": gpus, "hf_endpoint": "http://127.0.0.1:8392", "extra_args": ["--gpu-memory-utilization", "0.45"],
+               "download_workers": 16}
+        for name, port, gpus in (("tp8", 8000, list(range(8))), ("tp4-a", 8002, [0, 1, 2, 3]), ("tp4-b", 8003, [4, 5, 6, 7]))
+    },
 }
 _chosen = os.environ.get("HEAVYLIFT_H200_DEPLOYMENT", "llama-8b")
 
@@ -41,10 +53,7 @@ hosts = [
     (
         "@local",
         {
-            **_DEPLOYMENTS[_chosen],
-            "deployment": _chosen,
             "root": os.environ.get("HEAVYLIFT_H200_ROOT", "/tmp/hl/heavylift"),
-            "gpus": [0],
             "vllm": {
                 "package": "vllm",
                 "version": "0.26.0",
@@ -67,6 +76,7 @@ hosts = [
             "readiness_timeout": 900,
             "benchmark_tokens": 256,
             "download_workers": 8,
+            **_DEPLOYMENTS[_chosen],
         },
     ),
 ]

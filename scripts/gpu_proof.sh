@@ -6,9 +6,9 @@
 #   scripts/gpu_proof.sh facts              the machine: nvidia-smi, the image's Python packages, init system
 #   scripts/gpu_proof.sh checkpoints        generate the checkpoints (testbed/gpu_checkpoints.py) with the image's torch
 #   scripts/gpu_proof.sh setup              unpack the payload, heavylift's control venv, checkpoints, Hub stand-ins
-#   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y $INVENTORY deploy.py for deployment NAME (run N); the
-#                                           inventory is inventory/h200.py unless HEAVYLIFT_PROOF_INVENTORY says
-#                                           (inventory/h200x8.py on 8 GPUs, with HEAVYLIFT_PROOF_CHECKPOINTS=dsv3)
+#   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y inventory/h200.py deploy.py for deployment NAME (run N):
+#                                           llama-8b, mla on one GPU; tp8, tp4-a, tp4-b on eight (with
+#                                           HEAVYLIFT_PROOF_CHECKPOINTS=dsv3)
 #   scripts/gpu_proof.sh plain NAME         stop heavylift's service, run the same launcher by hand, time it with a
 #                                           direct client; then heavylift brings its service back (timed the same way)
 set -euo pipefail
@@ -27,7 +27,6 @@ stamp() { date +%s.%N; }
 minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 say() { echo "[$(date +%T)] $*"; }
 
-INVENTORY=${HEAVYLIFT_PROOF_INVENTORY:-inventory/h200.py}
 # checkpoints (generated here) by name: their Hub repo, the Hub stand-in's port, the generator's kind
 declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kimi-shape [dsv3]=heavylift/mla-dsv3-width)
 declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391 [dsv3]=8392)
@@ -112,7 +111,7 @@ converge() {  # DEPLOYMENT N
     local name=${NAME[$1]}
     hub_up "${CHECKPOINT[$choice]}" >/dev/null
     t0=$(stamp)
-    HEAVYLIFT_H200_DEPLOYMENT=$choice "$HL/ctl/bin/pyinfra" -y "$INVENTORY" deploy.py > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
+    HEAVYLIFT_H200_DEPLOYMENT=$choice "$HL/ctl/bin/pyinfra" -y inventory/h200.py deploy.py > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
     local wall; wall=$(minus "$(stamp)" "$t0")
     say "converge $name #$n: exit $rc, $wall s"
     grep -E "rule |vLLM |ready|No changes|Success|Error|error|\[@local\] (Loaded|heavylift)" "$RESULTS/converge-$name-$n.log" | tail -25 || true

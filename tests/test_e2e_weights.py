@@ -108,6 +108,21 @@ def stat(host, path):
     return tuple(int(v) for v in out.stdout.split())
 
 
+
+def kill_the_run(parents: list[int], pyinfra) -> None:
+    """SIGKILL the host side of a download (as an OOM kill or a power cut would), then the control side."""
+    for pid in parents:
+        os.kill(pid, signal.SIGKILL)
+    pyinfra.send_signal(signal.SIGKILL)
+    pyinfra.wait(timeout=30)
+
+
+def assert_no_fetch_left(host) -> None:
+    deadline = time.monotonic() + 10
+    while fetch_processes(host) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fetch_processes(host) == {}, "the download child outlived the killed run"
+
 def test_a_clean_pull_writes_the_manifest(site):
     first = run(site, "-vvv")
     assert first.returncode == 0, first.output[-5000:]
@@ -314,18 +329,12 @@ def test_h_sigkill_mid_shard_then_the_next_run_fetches_only_what_is_missing(site
         processes = fetch_processes(host)
         parents = [pid for pid, argv in processes.items() if "--download" not in argv]
         assert parents and len(processes) == 2, processes
-        for pid in parents:  # the host side of the run, as an OOM kill or a power cut would
-            os.kill(pid, signal.SIGKILL)
-        pyinfra.send_signal(signal.SIGKILL)  # and the control side
-        pyinfra.wait(timeout=30)
+        kill_the_run(parents, pyinfra)
     finally:
         proxy.heal()
         if pyinfra.poll() is None:
             pyinfra.kill()
-    deadline = time.monotonic() + 10
-    while fetch_processes(host) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert fetch_processes(host) == {}, "the download child outlived the killed run"
+    assert_no_fetch_left(host)
     assert host.run(["test", "-e", site["manifest"]]).returncode != 0
     # what a power cut can leave: a torn, half-written .incomplete that a resume would build on
     for leftover in incomplete_dir.rglob("*.incomplete"):
@@ -386,24 +395,20 @@ def test_i_killed_pull_with_several_workers_resumes_its_partial_files(site, tmp_
                 pytest.fail(f"never saw three shards half-downloaded:\n{log.read_text()[-3000:]}")
             parents = [pid for pid, argv in fetch_processes(host).items() if "--download" not in argv]
             assert parents, log.read_text()[-3000:]
-            for pid in parents:
-                os.kill(pid, signal.SIGKILL)
-            pyinfra.send_signal(signal.SIGKILL)
-            pyinfra.wait(timeout=30)
+            kill_the_run(parents, pyinfra)
         finally:
             proxy.heal()
             if pyinfra.poll() is None:
                 pyinfra.kill()
-        deadline = time.monotonic() + 10
-        while fetch_processes(host) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert fetch_processes(host) == {}, "the download child outlived the killed run"
+        assert_no_fetch_left(host)
         content_view = host.view(content)
         finished = {name for name in big if (content_view / name).is_file()}
         kept = sum(incomplete_sizes(partials))
         assert kept >= 2 * (10 << 20), kept
         missing = sum(size for name, size in big.items() if name not in finished) - kept
         from_zero = sum(size for name, size in big.items() if name not in finished)  # what a fresh start would fetch
+        # the killed run's responses end once the proxy finds their client gone: count none of them as the next run's
+        assert hub.wait_idle(), "the stand-in Hub is still sending to the killed run"
         served_before = sum(hub.served.get(name, 0) for name in big)
 
         hub.reset_counts()
