@@ -19,6 +19,15 @@ from resolve.launcher import HERE, launcher_lines, release_id  # noqa: F401 (pla
 KEEP = 3
 
 
+def link_switch(link: str, target: str) -> list[StringCommand]:
+    """``link`` -> ``target`` by ln + rename: the link is never missing, even for a moment. The one switch
+    of a release going live (``current``), of ``previous``, and of a failed gate's rollback (readiness.py)."""
+    return [
+        StringCommand("ln", "-sfn", QuoteString(target), QuoteString(link + ".new")),
+        StringCommand("mv", "-T", QuoteString(link + ".new"), QuoteString(link)),
+    ]
+
+
 class ReleaseLinks(FactBase):
     """The release ids ``current`` and ``previous`` point at, and every release folder present."""
 
@@ -84,11 +93,8 @@ def current(deployment_dir: str, release: str, keep: int = KEEP):
         return
     cur, prev = posixpath.join(deployment_dir, "current"), posixpath.join(deployment_dir, "previous")
     if links["current"]:
-        yield StringCommand("ln", "-sfn", QuoteString(f"releases/{links['current']}"), QuoteString(prev + ".new"))
-        yield StringCommand("mv", "-T", QuoteString(prev + ".new"), QuoteString(prev))
-    # ln + rename: current is never missing, even for a moment
-    yield StringCommand("ln", "-sfn", QuoteString(f"releases/{release}"), QuoteString(cur + ".new"))
-    yield StringCommand("mv", "-T", QuoteString(cur + ".new"), QuoteString(cur))
+        yield from link_switch(prev, f"releases/{links['current']}")
+    yield from link_switch(cur, f"releases/{release}")
     protected = {release, links["current"]}
     kept = [r for r in links["releases"] if r not in protected][: max(0, keep - len([p for p in protected if p]))]
     for old in links["releases"]:
