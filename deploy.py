@@ -34,9 +34,13 @@ from models.validate import DataSources, load_deployment, origin_of
 def data_origin(host, key):
     """The file (or --data) a host's data key came from, for messages."""
     return origin_of(host, key, DataSources.from_cli()).label
-from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, weights
+from operations import checkpoint, diskgc, factbatch, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
+
+# the facts this host's last run read, read again in one round trip each time the run changed the host
+# (operations/factbatch.py): a converged re-run costs a few round trips instead of fifty
+factbatch.activate(host)
 
 # 1. validate: a bad key or value stops the run here, before any host changes; an unsupported model's
 #    refusal names each host's own GPUs (a fact read, no change)
