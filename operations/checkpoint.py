@@ -18,6 +18,8 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
+from . import plancache
+
 # the checkpoint files heavylift renders instead of linking
 RENDERED_FILES = {"config.json": "config_json", "hf_quant_config.json": "hf_quant_config_json"}
 
@@ -63,13 +65,21 @@ def render_json(document: dict) -> str:
 
 
 @lru_cache(maxsize=None)
-def fetch_pristine_json(repo: str, commit: str, filename: str, endpoint: str | None) -> dict | None:
-    """A small config file of the pinned commit, fetched alone on the control machine."""
-    from huggingface_hub import hf_hub_download
+def fetch_pristine_json(repo: str, commit: str, filename: str, endpoint: str | None, refresh: bool = False) -> dict | None:
+    """A small config file of the pinned commit, fetched alone on the control machine; a full commit's is
+    kept there (operations/plancache.py): it cannot change."""
 
-    path = hf_hub_download(repo, filename, revision=commit, endpoint=endpoint)
-    with open(path) as handle:
-        return json.load(handle)
+    def fetch() -> dict:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(repo, filename, revision=commit, endpoint=endpoint)
+        with open(path) as handle:
+            return json.load(handle)
+
+    if not plancache.FULL_COMMIT.match(commit):
+        return fetch()
+    key = {"endpoint": plancache.hub_endpoint(endpoint), "repo": repo, "commit": commit, "file": filename}
+    return plancache.kept("hub-file", key, fetch, refresh)
 
 
 class FolderLinks(FactBase):

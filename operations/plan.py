@@ -192,27 +192,28 @@ def repository_exists(repo: str, endpoint: str | None) -> bool:
 
 
 def snapshot_from_hub(deployment, host_name: str, origin=None):
-    """The pinned commit, its file list and its small configs: every plan-time Hub call of a deployment."""
-    from huggingface_hub import errors as hub
-
+    """The pinned commit, its file list and its small configs: every plan-time Hub call of a deployment
+    (a full commit's answers are kept on the control machine: operations/plancache.py)."""
     settings, entry = deployment.settings, deployment.entry
-    endpoint = settings.hf_endpoint
+    endpoint, refresh = settings.hf_endpoint, settings.refresh_lock
     try:
-        commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, settings.refresh_lock)
-        snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))
+        commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, refresh)
+        snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns), refresh)
         present = {f.path for f in snapshot.files}
         pristine = {
-            filename: checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
+            filename: checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint, refresh)
             for filename in checkpoint.RENDERED_FILES
             if filename in present
         }
     except lockfile.LockFileError:
         raise
-    except (hub.HfHubHTTPError, hub.LocalEntryNotFoundError, OSError) as error:
-        raise hub_error(deployment, host_name, origin, error) from None
     except Exception as error:
+        # huggingface_hub only when a call failed: a kept answer makes the run import none of it
+        from huggingface_hub import errors as hub
+
         # httpx's transport errors are not OSError
-        if type(error).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2"):
+        if isinstance(error, (hub.HfHubHTTPError, hub.LocalEntryNotFoundError, OSError)) or \
+                type(error).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2"):
             raise hub_error(deployment, host_name, origin, error) from None
         raise
     return commit, snapshot, present, pristine
@@ -325,7 +326,7 @@ def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> d
 
     commit = lockfile.hub_commit(repo, "main", endpoint, refresh)
     try:
-        return checkpoint.fetch_pristine_json(repo, commit, "config.json", endpoint)
+        return checkpoint.fetch_pristine_json(repo, commit, "config.json", endpoint, refresh)
     except EntryNotFoundError:
         return None
 

@@ -37,6 +37,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+from . import plancache
+
 # the scripts heavylift uploads and runs on the host, from this folder of the repo
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
 HOST_SCRIPTS = ("fetch_weights.py", "verify_weights.py")
@@ -65,17 +67,25 @@ def matches(path: str, patterns: list[str]) -> bool:
 
 
 @lru_cache(maxsize=None)
-def list_snapshot(repo: str, commit: str, endpoint: str | None, patterns: tuple[str, ...]) -> Snapshot:
-    """The files of a pinned commit that the deployment needs, with sizes and LFS hashes."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
+def list_snapshot(repo: str, commit: str, endpoint: str | None, patterns: tuple[str, ...], refresh: bool = False) -> Snapshot:
+    """The files of a pinned commit that the deployment needs, with sizes and LFS hashes.
 
-    api = HfApi(endpoint=endpoint)
-    found = []
-    for item in api.list_repo_tree(repo, revision=commit, recursive=True):
-        if isinstance(item, RepoFile) and matches(item.path, list(patterns)):
-            sha = item.lfs.sha256 if item.lfs else None
-            found.append(HubFile(item.path, item.size, sha))
+    A full commit's listing is kept on the control machine (operations/plancache.py): it cannot change."""
+
+    def listing() -> list:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        return [[item.path, item.size, item.lfs.sha256 if item.lfs else None]
+                for item in HfApi(endpoint=endpoint).list_repo_tree(repo, revision=commit, recursive=True)
+                if isinstance(item, RepoFile)]
+
+    if plancache.FULL_COMMIT.match(commit):
+        tree = plancache.kept("hub-tree", {"endpoint": plancache.hub_endpoint(endpoint), "repo": repo, "commit": commit},
+                              listing, refresh)
+    else:
+        tree = listing()
+    found = [HubFile(path, size, sha) for path, size, sha in tree if matches(path, list(patterns))]
     if not found:
         raise ValueError(f"{repo}@{commit} has no files matching {list(patterns)}")
     return Snapshot(repo, commit, tuple(sorted(found, key=lambda f: f.path)))
