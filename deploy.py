@@ -36,7 +36,7 @@ def data_origin(host, key):
     return origin_of(host, key, DataSources.from_cli()).label
 from operations import checkpoint, diskgc, factbatch, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, weights
 from operations.gpu import NvidiaGpus
-from operations.plan import RefusedError, make_plan
+from resolve.plan import RefusedError, make_plan
 
 # the facts this host's last run read, read again in one round trip each time the run changed the host
 # (operations/factbatch.py): a converged re-run costs a few round trips instead of fifty
