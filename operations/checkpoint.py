@@ -18,7 +18,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from . import plancache
+from resolve import plancache
 
 # the checkpoint files heavylift renders instead of linking
 RENDERED_FILES = {"config.json": "config_json", "hf_quant_config.json": "hf_quant_config_json"}
@@ -67,7 +67,7 @@ def render_json(document: dict) -> str:
 @lru_cache(maxsize=None)
 def fetch_pristine_json(repo: str, commit: str, filename: str, endpoint: str | None, refresh: bool = False) -> dict | None:
     """A small config file of the pinned commit, fetched alone on the control machine; a full commit's is
-    kept there (operations/plancache.py): it cannot change."""
+    kept there (resolve/plancache.py): it cannot change."""
 
     def fetch() -> dict:
         from huggingface_hub import hf_hub_download

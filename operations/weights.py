@@ -37,7 +37,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from . import plancache
+from resolve import plancache
 
 # the scripts heavylift uploads and runs on the host, from this folder of the repo
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
@@ -70,7 +70,7 @@ def matches(path: str, patterns: list[str]) -> bool:
 def list_snapshot(repo: str, commit: str, endpoint: str | None, patterns: tuple[str, ...], refresh: bool = False) -> Snapshot:
     """The files of a pinned commit that the deployment needs, with sizes and LFS hashes.
 
-    A full commit's listing is kept on the control machine (operations/plancache.py): it cannot change."""
+    A full commit's listing is kept on the control machine (resolve/plancache.py): it cannot change."""
 
     def listing() -> list:
         from huggingface_hub import HfApi

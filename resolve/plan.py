@@ -195,7 +195,7 @@ def repository_exists(repo: str, endpoint: str | None) -> bool:
 
 def snapshot_from_hub(deployment, host_name: str, origin=None):
     """The pinned commit, its file list and its small configs: every plan-time Hub call of a deployment
-    (a full commit's answers are kept on the control machine: operations/plancache.py)."""
+    (a full commit's answers are kept on the control machine: resolve/plancache.py)."""
     settings, entry = deployment.settings, deployment.entry
     endpoint, refresh = settings.hf_endpoint, settings.refresh_lock
     try:

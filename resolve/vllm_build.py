@@ -288,7 +288,7 @@ def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = Non
 
 
 def kept_build(runtime, commit: str | None, refresh: bool, resolve_now, requested: str | None = None) -> Build:
-    """An exact build's resolution, asked of its index once and kept (operations/plancache.py), keyed on every
+    """An exact build's resolution, asked of its index once and kept (resolve/plancache.py), keyed on every
     field that chooses it: an exact version (or a full commit's build) on one index is the same build on every run.
     What the index answers that it has not is never kept (BuildNotFound is raised again next run)."""
     if commit is not None and not FULL_SHA.match(commit):

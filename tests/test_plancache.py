@@ -1,4 +1,4 @@
-"""operations/plancache.py: a kept plan-time answer is the answer the index or Hub gave, and any changed
+"""resolve/plancache.py: a kept plan-time answer is the answer the index or Hub gave, and any changed
 input asks again. The vLLM index is the local stand-in (testbed/wheel_index.py, real HTTP on loopback)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 import pytest
 
 from models.schema import VllmRuntime
-from operations import checkpoint, plancache, vllm_build, weights
+from operations import checkpoint, weights
+from resolve import plancache, vllm_build
 from testbed.wheel_index import WheelIndex
 
 COMMIT = "c" * 40
