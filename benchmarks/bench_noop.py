@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_noop.py [--rounds 5]          an SSH test host, converged by the benchmark
     .venv/bin/python benchmarks/bench_noop.py --demo [--rounds 5]   the demo site (@local; ./demo.sh first)
+    --unbatched: also A with HEAVYLIFT_FACT_BATCH=0 (each fact its own round trip), in the same rounds
 
 A: `pyinfra -y SITE deploy.py` on a host where nothing changes (every operation "No changes", nothing
    restarted: both checked after every round);
@@ -117,6 +118,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--demo", action="store_true", help="the demo site on @local (./demo.sh must have run)")
+    parser.add_argument("--unbatched", action="store_true",
+                        help="also time A with HEAVYLIFT_FACT_BATCH=0 (one round trip per fact, as before the batch)")
     parser.add_argument("--hold", action="store_true", help="keep the converged host up until a file it names is removed")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -137,13 +140,15 @@ def main() -> None:
         print(f"converged in {time.monotonic() - started:.0f} s ({len(first.changed())} operations changed)", flush=True)
         pid = pid_of()
         Run(converge, env), Run(baseline, env)  # warm-up: page cache, the lock file written
-        noop, empty = [], []
+        noop, empty, unbatched = [], [], []
         for _ in range(args.rounds):
             a = Run(converge, env)
             if a.changed() or pid_of() != pid:
                 raise SystemExit(f"not a no-op run: changed {a.changed()}, vLLM pid {pid} -> {pid_of()}\n{a.output[-3000:]}")
             noop.append(a)
             empty.append(Run(baseline, env))
+            if args.unbatched:
+                unbatched.append(Run(converge, {**env, "HEAVYLIFT_FACT_BATCH": "0"}))
         load = os.getloadavg()
         ratios = [a.wall / b.wall for a, b in zip(noop, empty)]
         ratio = statistics.median(r.wall for r in noop) / statistics.median(r.wall for r in empty)
@@ -155,6 +160,10 @@ def main() -> None:
               f"{figure([r.wall for r in noop]):<34}{figure([r.cpu for r in noop])}")
         print(f"  {'B  one no-op operation (files.directory)':<44}"
               f"{figure([r.wall for r in empty]):<34}{figure([r.cpu for r in empty])}")
+        if unbatched:
+            print(f"  {'A0 the same, one round trip per fact':<44}"
+                  f"{figure([r.wall for r in unbatched]):<34}{figure([r.cpu for r in unbatched])}")
+            print(f"  A0/B (wall, medians) {statistics.median(r.wall for r in unbatched) / statistics.median(r.wall for r in empty):.2f}x")
         print(f"  A/B (wall, medians) {ratio:.2f}x  (pairs: min {min(ratios):.2f}, max {max(ratios):.2f}); "
               f"goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}")
         if args.hold:

@@ -38,6 +38,7 @@ from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, op
 from pyinfra.operations import files
 
 from resolve import plancache
+from . import hostpython
 
 # the scripts heavylift uploads and runs on the host, from this folder of the repo
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
@@ -136,7 +137,7 @@ class WeightsManifest(FactBase):
     """
 
     def command(self, manifest, folder):
-        return StringCommand("python3", "-c", QuoteString(CHECK_MANIFEST), QuoteString(manifest), QuoteString(folder))
+        return StringCommand(hostpython.PYTHON, "-c", QuoteString(CHECK_MANIFEST), QuoteString(manifest), QuoteString(folder))
 
     def process(self, output):
         return json.loads("\n".join(output))
