@@ -8,8 +8,7 @@ import json
 import pytest
 
 from models.schema import VllmRuntime
-from operations import checkpoint, weights
-from resolve import plancache, vllm_build
+from resolve import hub, plancache, vllm_build
 from testbed.wheel_index import WheelIndex
 
 COMMIT = "c" * 40
@@ -19,8 +18,7 @@ COMMIT = "c" * 40
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HEAVYLIFT_CACHE", str(tmp_path / "cache"))
     vllm_build._project_page.cache_clear()
-    weights.list_snapshot.cache_clear()
-    checkpoint.fetch_pristine_json.cache_clear()
+    hub._listed.cache_clear()
     yield tmp_path / "cache" / "plan"
 
 
@@ -109,18 +107,42 @@ def test_the_hub_listing_of_a_commit_is_kept_and_filtered_each_run(monkeypatch):
                 RepoFile(path="model.safetensors", size=99, oid="2", lfs={"size": 99, "oid": "e" * 64, "pointerSize": 1})]
 
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", tree)
-    first = weights.list_snapshot("o/r", COMMIT, "http://mirror", ("*.json", "*.safetensors"))
-    weights.list_snapshot.cache_clear()
-    again = weights.list_snapshot("o/r", COMMIT, "http://mirror", ("*.json", "*.safetensors"))
+    mirror = hub.HubClient("http://mirror")
+    first = hub.snapshot(mirror, "o/r", COMMIT, ("*.json", "*.safetensors"))
+    hub._listed.cache_clear()
+    again = hub.snapshot(mirror, "o/r", COMMIT, ("*.json", "*.safetensors"))
     assert again == first and len(asked) == 1 and first.files[1].sha256 == "e" * 64
     # patterns from a changed catalog entry apply to the kept listing
-    weights.list_snapshot.cache_clear()
-    assert [f.path for f in weights.list_snapshot("o/r", COMMIT, "http://mirror", ("*.json",)).files] == ["config.json"]
-    # another endpoint or commit is another question
-    weights.list_snapshot("o/r", COMMIT, "http://other-mirror", ("*.json",))
-    weights.list_snapshot("o/r", "d" * 40, "http://mirror", ("*.json",))
+    assert [f.path for f in hub.snapshot(mirror, "o/r", COMMIT, ("*.json",)).files] == ["config.json"]
+    # another endpoint or commit is another question, and so is refresh_lock
+    hub.snapshot(hub.HubClient("http://other-mirror"), "o/r", COMMIT, ("*.json",))
+    hub.snapshot(mirror, "o/r", "d" * 40, ("*.json",))
+    hub._listed.cache_clear()
+    hub.snapshot(hub.HubClient("http://mirror", refresh=True), "o/r", COMMIT, ("*.json",))
     # a branch name is never kept
-    weights.list_snapshot("o/r", "main", "http://mirror", ("*.json",))
-    weights.list_snapshot.cache_clear()
-    weights.list_snapshot("o/r", "main", "http://mirror", ("*.json",))
-    assert len(asked) == 5
+    hub.snapshot(mirror, "o/r", "main", ("*.json",))
+    hub._listed.cache_clear()
+    hub.snapshot(mirror, "o/r", "main", ("*.json",))
+    assert len(asked) == 6
+
+
+def test_a_config_file_of_a_commit_is_kept_in_its_key_order(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    asked = []
+    path = tmp_path / "config.json"
+    path.write_text('{"vocab_size": 1, "architectures": ["X"], "quantization_config": {"z": 1, "a": 2}}')
+
+    def download(repo, filename, revision=None, endpoint=None, token=None):
+        asked.append(filename)
+        return str(path)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    hub._json_file.cache_clear()
+    mirror = hub.HubClient("http://mirror")
+    fresh = mirror.json_file("o/r", COMMIT, "config.json")
+    hub._json_file.cache_clear()
+    kept = mirror.json_file("o/r", COMMIT, "config.json")
+    assert len(asked) == 1
+    # the overlay renders from it: the same bytes, or a re-run would restart vLLM
+    assert json.dumps(kept, indent=2) == json.dumps(fresh, indent=2)
