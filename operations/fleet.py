@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from . import hostpython
+
 from .weights import human_bytes
 
 # status.py --data json=true: each host's document, printed together when the run ends
@@ -29,7 +31,7 @@ class HostState(FactBase):
 
     def command(self, root, light=False):
         # light: no /health request, no nvidia-smi (deploy.py's snapshot collection needs neither)
-        return StringCommand("python3", "-c", QuoteString(HOST_STATE_SCRIPT.read_text()), QuoteString(root),
+        return StringCommand(hostpython.PYTHON, "-c", QuoteString(HOST_STATE_SCRIPT.read_text()), QuoteString(root),
                              *(["--light"] if light else []))
 
     def process(self, output):

@@ -30,6 +30,8 @@ from pyinfra.api.state import BaseStateCallback
 
 from models.errors import HeavyliftConfigError
 
+from . import hostpython
+
 LOCKED = 75  # EX_TEMPFAIL
 
 SCRIPT = r"""
@@ -127,7 +129,7 @@ def control_label() -> str:
 
 
 def lock_command(path: str, mode: str = "take", label: str | None = None) -> StringCommand:
-    return StringCommand("python3", "-c", QuoteString(SCRIPT), QuoteString(path), QuoteString(label or control_label()), mode)
+    return StringCommand(hostpython.PYTHON, "-c", QuoteString(SCRIPT), QuoteString(path), QuoteString(label or control_label()), mode)
 
 
 def take(host, path: str, dry: bool = False) -> str:

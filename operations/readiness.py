@@ -20,6 +20,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
+from . import hostpython
 from .release import link_switch
 from .service import changed_in_this_run
 
@@ -49,7 +50,7 @@ class Rollback:
 
 
 def probe_command(url: str, model: str, budget_seconds: float, gate: Gate, write_status: bool = False) -> StringCommand:
-    args = ["python3", QuoteString(gate.probe_script), "probe", QuoteString(url), QuoteString(model), str(budget_seconds)]
+    args = [hostpython.PYTHON, QuoteString(gate.probe_script), "probe", QuoteString(url), QuoteString(model), str(budget_seconds)]
     if gate.pid_source:
         args += ["--pid-source", QuoteString(gate.pid_source)]
     if gate.env_file:

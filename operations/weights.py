@@ -37,6 +37,8 @@ from pyinfra.operations import files
 
 from resolve.hub import HubFile, Snapshot, matches  # noqa: F401 (what the operations take)
 
+from . import hostpython
+
 # the scripts heavylift uploads and runs on the host, from this folder of the repo
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
 HOST_SCRIPTS = ("fetch_weights.py", "verify_weights.py")
@@ -87,7 +89,7 @@ class WeightsManifest(FactBase):
     """
 
     def command(self, manifest, folder):
-        return StringCommand("python3", "-c", QuoteString(CHECK_MANIFEST), QuoteString(manifest), QuoteString(folder))
+        return StringCommand(hostpython.PYTHON, "-c", QuoteString(CHECK_MANIFEST), QuoteString(manifest), QuoteString(folder))
 
     def process(self, output):
         return json.loads("\n".join(output))

@@ -19,6 +19,8 @@ from typing import Protocol
 
 from pydantic import SecretStr
 
+from . import plancache
+
 
 @dataclass(frozen=True)
 class HubFile:
@@ -49,6 +51,14 @@ class Hub(Protocol):
 
     def commit(self, repo: str, revision: str) -> str: ...
 
+    def _who(self) -> str | None:
+        """Whose answer is kept: a gated repository answers one token and refuses another (or none). A digest,
+        never the token itself."""
+        import hashlib
+
+        token = self._token()
+        return hashlib.sha256(token.encode()).hexdigest()[:16] if token else None
+
     def files(self, repo: str, commit: str) -> list[HubFile]: ...
 
     def json_file(self, repo: str, commit: str, filename: str) -> dict | None: ...
@@ -70,6 +80,7 @@ class HubClient:
 
     endpoint: str | None = None
     token: SecretStr | None = None
+    refresh: bool = False  # refresh_lock: ask again what plancache keeps
 
     def _token(self) -> str | None:
         return self.token.get_secret_value() if self.token is not None else None
@@ -79,11 +90,32 @@ class HubClient:
 
         return HfApi(endpoint=self.endpoint, token=self._token()).model_info(repo, revision=revision).sha
 
+    def _who(self) -> str | None:
+        """Whose answer is kept: a gated repository answers one token and refuses another (or none). A digest,
+        never the token itself."""
+        import hashlib
+
+        token = self._token()
+        return hashlib.sha256(token.encode()).hexdigest()[:16] if token else None
+
     def files(self, repo: str, commit: str) -> list[HubFile]:
-        return list(_listed(repo, commit, self.endpoint, self._token()))
+        if not plancache.FULL_COMMIT.match(commit):
+            return list(_listed(repo, commit, self.endpoint, self._token()))
+        # a commit is the hash of its content: its listing is kept on the control machine (resolve/plancache.py)
+        kept = plancache.kept(
+            "hub-tree", {"endpoint": plancache.hub_endpoint(self.endpoint), "repo": repo, "commit": commit, "token": self._who()},
+            lambda: [[f.path, f.size, f.sha256] for f in _listed(repo, commit, self.endpoint, self._token())],
+            self.refresh,
+        )
+        return [HubFile(path, size, sha) for path, size, sha in kept]
 
     def json_file(self, repo: str, commit: str, filename: str) -> dict | None:
-        return _json_file(repo, commit, filename, self.endpoint, self._token())
+        if not plancache.FULL_COMMIT.match(commit):
+            return _json_file(repo, commit, filename, self.endpoint, self._token())
+        key = {"endpoint": plancache.hub_endpoint(self.endpoint), "repo": repo, "commit": commit, "file": filename,
+               "token": self._who()}
+        return plancache.kept("hub-file", key, lambda: _json_file(repo, commit, filename, self.endpoint, self._token()),
+                              self.refresh)
 
     def exists(self, repo: str) -> bool:
         from huggingface_hub import HfApi

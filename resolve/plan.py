@@ -287,9 +287,8 @@ def hub_error(deployment, host_name: str, origin, error: Exception, hub: Hub):
 
 def snapshot_from_hub(deployment, host_name: str, hub: Hub, lock: lockfile.LockFile, origin=None):
     """The pinned commit, its file list, its small configs and the base config the rules read: every
-    plan-time Hub call of a deployment, each refused plainly when the Hub says no."""
-    from huggingface_hub import errors as hub_errors
-
+    plan-time Hub call of a deployment, each refused plainly when the Hub says no (a full commit's answers
+    are kept on the control machine, resolve/plancache.py: such a run imports no huggingface_hub)."""
     settings, entry = deployment.settings, deployment.entry
     try:
         commit = lockfile.hub_commit(lock, hub, entry.hub.repo, entry.hub.revision, settings.refresh_lock)
@@ -303,11 +302,12 @@ def snapshot_from_hub(deployment, host_name: str, hub: Hub, lock: lockfile.LockF
         base = base_config(entry, pristine, hub, lock, settings.refresh_lock)
     except lockfile.LockFileError:
         raise
-    except (hub_errors.HfHubHTTPError, hub_errors.LocalEntryNotFoundError, OSError) as error:
-        raise hub_error(deployment, host_name, origin, error, hub) from None
     except Exception as error:
+        from huggingface_hub import errors as hub_errors
+
         # httpx's transport errors are not OSError
-        if type(error).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2"):
+        if isinstance(error, (hub_errors.HfHubHTTPError, hub_errors.LocalEntryNotFoundError, OSError)) or \
+                type(error).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2"):
             raise hub_error(deployment, host_name, origin, error, hub) from None
         raise
     return commit, snapshot, present, pristine, base
@@ -452,7 +452,7 @@ def make_plan(
     secrets = dict(secrets or {})
     token = secrets.get("HF_TOKEN")
     # the control machine's own Hub calls carry the site's token, whatever its source (env: or file:)
-    hub = hub or HubClient(settings.hf_endpoint, token)
+    hub = hub or HubClient(settings.hf_endpoint, token, refresh=settings.refresh_lock)
     lock = lockfile.LockFile(context.lock_file, context.dry)
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
     tp = deployment.tensor_parallel_size  # worked out once (models/validate.py Deployment)

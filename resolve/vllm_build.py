@@ -40,7 +40,7 @@ from functools import lru_cache
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import lockfile
+from . import lockfile, plancache
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 PYPI_SIMPLE = os.environ.get("HEAVYLIFT_PYPI_SIMPLE", "https://pypi.org/simple/")
@@ -270,9 +270,10 @@ def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = Non
                      commit=runtime.nightly if runtime.nightly not in (None, "latest") else None,
                      variant=runtime.variant, requested=runtime.version)
     if runtime.nightly is None:
-        return _resolve_release(runtime)
+        return kept_build(runtime, None, refresh, lambda: _resolve_release(runtime))
     if runtime.nightly != "latest":
-        return _resolve_commit(runtime, runtime.nightly, f"nightly {runtime.nightly}")
+        return kept_build(runtime, runtime.nightly, refresh,
+                          lambda: _resolve_commit(runtime, runtime.nightly, f"nightly {runtime.nightly}"))
 
     if lock is None:
         raise ValueError("vllm nightly latest needs the run's lock file (resolve.lockfile.LockFile)")
@@ -284,7 +285,31 @@ def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = Non
             entry = {"version": version, "commit": commit, "resolved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             lock.record(key, entry)
     pinned = runtime.model_copy(update={"version": entry["version"]})
-    return _resolve_commit(pinned, entry["commit"], "nightly latest")
+    return kept_build(pinned, entry["commit"], refresh, lambda: _resolve_commit(pinned, entry["commit"], "nightly latest"),
+                      requested="nightly latest")
+
+
+def kept_build(runtime, commit: str | None, refresh: bool, resolve_now, requested: str | None = None) -> Build:
+    """An exact build's resolution, asked of its index once and kept (resolve/plancache.py), keyed on every
+    field that chooses it: an exact version (or a full commit's build) on one index is the same build on every run.
+    What the index answers that it has not is never kept (BuildNotFound is raised again next run)."""
+    if commit is not None and not FULL_SHA.match(commit):
+        return resolve_now()
+    key = {"package": runtime.package, "version": runtime.version, "commit": commit, "variant": runtime.variant,
+           "index_url": runtime.index_url, "wheel_index": runtime.wheel_index, "pypi": PYPI_SIMPLE,
+           "requested": requested or (f"nightly {commit}" if commit else runtime.version)}
+    return plancache.kept("vllm-build", key, resolve_now, refresh, encode=build_to_record, decode=build_from_record)
+
+
+def build_to_record(build: Build) -> dict:
+    return {**{name: getattr(build, name) for name in
+               ("package", "version", "channel", "commit", "variant", "index_url", "requested")},
+            "wheels": [[w.filename, w.url, str(w.version), w.sha256] for w in build.wheels]}
+
+
+def build_from_record(record: dict) -> Build:
+    wheels = tuple(Wheel(filename, url, Version(version), sha) for filename, url, version, sha in record["wheels"])
+    return Build(**{k: v for k, v in record.items() if k != "wheels"}, wheels=wheels)
 
 
 def build_requirements(build: Build) -> tuple[str, ...] | None:

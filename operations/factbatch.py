@@ -1,0 +1,282 @@
+"""Facts read in one round trip: the facts a host's last run read, prefetched together.
+
+pyinfra 3.10 runs one command per fact read (api/facts.py ``_get_fact``: one
+``host.run_shell_command`` each, no cache), and a converged heavylift host reads about fifty:
+fifty SSH round trips, most of a no-op re-run's time. This module remembers, per host, which
+facts (class and arguments) a run read, and on the next run reads them all at once, side by
+side in one shell command, when the first of them is asked for. A fact then asked for with the
+same command and connector arguments gets the prefetched answer; anything else is read as
+pyinfra reads it.
+
+What keeps an answer true: it only lives until the run changes the host. Any command, upload or
+callback that runs on the host (``run_shell_command`` / ``put_file`` other than a fact read)
+drops every prefetched answer, as does the step from pyinfra's prepare stage to its execute
+stage; the next fact read starts a new segment and prefetches what the last run read in that
+segment. So an answer is never older than the last change this run made; a host that drifted
+answers differently and the operations see it, exactly as without the batch. A wrong or stale
+record only costs a wasted read. The record holds fact classes and arguments (never commands),
+from pyinfra's and heavylift's own fact modules only, under ``$HEAVYLIFT_CACHE/facts``
+(default ``~/.cache/heavylift``). ``HEAVYLIFT_FACT_BATCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import hashlib
+import importlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+from pyinfra import logger
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.facts import ShortFactBase
+from pyinfra.context import ContextObject
+
+# modules whose facts may be named in a record: pyinfra's own and heavylift's (operations/)
+FACT_MODULES = ("pyinfra.facts.", "operations.")
+MARK = "@@heavylift-fact"
+_original_get_fact = pyinfra_facts._get_fact
+_batches: dict[int, "FactBatch"] = {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HEAVYLIFT_CACHE", Path.home() / ".cache" / "heavylift")) / "facts"
+
+
+def enabled() -> bool:
+    return os.environ.get("HEAVYLIFT_FACT_BATCH", "1") != "0"
+
+
+def host_key(host) -> str:
+    """One record per host as the inventory reaches it (name, address, port, user)."""
+    data = host.data
+    parts = [host.name, *(str(data.get(k)) for k in ("ssh_hostname", "ssh_port", "ssh_user"))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def fact_command(state, host, cls, args, kwargs, fact=None) -> tuple[str, str, dict, dict]:
+    """(command text, connector key, connector arguments, fact kwargs) of one read, built as ``_get_fact``
+    builds them (pyinfra 3.10 api/facts.py): the same command under the same connector arguments is the same read.
+    ``fact``: the instance whose ``command`` is called (some keep what it was given for ``process``)."""
+    fact = fact or cls()
+    fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
+    if fact.shell_executable:
+        global_kwargs["_shell_executable"] = fact.shell_executable
+    command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
+    requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
+    if requires:
+        # the guard _get_fact puts around it: a missing binary answers the marker
+        command = StringCommand("if", "command", "-v", requires, ">/dev/null", "2>&1;", "then", "(", command, ");",
+                                "else", "echo", f"'{pyinfra_facts._MISSING_COMMAND_MARKER}';", "fi")
+    text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+    executor = {key: value for key, value in global_kwargs.items() if key in CONNECTOR_ARGUMENT_KEYS}
+    connector = repr(sorted((key, repr(value)) for key, value in executor.items()))
+    return text, connector, executor, {key: value for key, value in fact_kwargs.items() if key != "self"}
+
+
+def batch_script(commands: list[str], nonce: str) -> str:
+    """One shell script running every command side by side, then printing each one's exit status and
+    stdout in turn, framed by a line ``MARK nonce index status``."""
+    lines = ['d=$(mktemp -d) || exit 1']
+    for index, command in enumerate(commands):
+        lines.append(f'( ( {command}\n) >"$d/{index}" 2>/dev/null </dev/null; echo $? >"$d/{index}.rc" ) &')
+    lines.append("wait")
+    lines.append(f'for i in {" ".join(str(i) for i in range(len(commands)))}; do '
+                 f'printf "%s\\n" "{MARK} {nonce} $i $(cat "$d/$i.rc")"; cat "$d/$i"; printf "\\n"; done')
+    lines.append('rm -rf "$d"')
+    return "\n".join(lines)
+
+
+def split_output(lines: list[str], nonce: str) -> dict[int, tuple[int, list[str]]]:
+    """index -> (exit status, stdout lines as pyinfra would have read them) from a batch's output."""
+    parts: dict[int, tuple[int, list[str]]] = {}
+    current = None
+    prefix = f"{MARK} {nonce} "
+    for line in lines:
+        if line.startswith(prefix):
+            index, _, status = line[len(prefix):].partition(" ")
+            current = []
+            parts[int(index)] = (int(status) if status.strip().isdigit() else 1, current)
+        elif current is not None:
+            current.append(line)
+    for _, found in parts.values():
+        # the newline printed after each part: one empty line too many when the part ended with its own
+        if found and found[-1] == "":
+            found.pop()
+    return parts
+
+
+class FactBatch:
+    """One host's record (what the last run read, by segment) and this run's prefetched answers."""
+
+    def __init__(self, host, path: Path):
+        self.host = host
+        self.path = path
+        self.previous: dict[str, list] = {}
+        try:
+            self.previous = json.loads(path.read_text()).get("segments", {})
+        except (OSError, ValueError, AttributeError):
+            self.previous = {}
+        self.recorded: dict[str, list] = {}
+        self.answers: dict[tuple, object] = {}
+        self.stage = None
+        self.changes = 0
+        self.prefetched: set[str] = set()
+        self.reading = False
+        self.round_trips = 0
+        self.served = 0
+
+    @property
+    def segment(self) -> str:
+        return f"{int(self.stage or 0)}.{self.changes}"
+
+    def host_changed(self) -> None:
+        """A command, upload or callback ran on the host: no prefetched answer holds any more."""
+        self.answers.clear()
+        self.changes += 1
+
+    def _enter_stage(self, stage) -> None:
+        if stage != self.stage:
+            self.stage, self.changes = stage, 0
+            self.answers.clear()
+
+    def record(self, cls, fact_kwargs: dict) -> None:
+        try:
+            entry = [cls.__module__, cls.__name__, json.loads(json.dumps(fact_kwargs))]
+        except (TypeError, ValueError):
+            return
+        entries = self.recorded.setdefault(self.segment, [])
+        if entry not in entries:
+            entries.append(entry)
+
+    def prefetch(self, state) -> None:
+        """Read every fact the last run read in this segment, in one command per set of connector arguments."""
+        self.prefetched.add(self.segment)
+        groups: dict[str, list] = {}
+        for module, name, kwargs in self.previous.get(self.segment, []):
+            if not module.startswith(FACT_MODULES) or not isinstance(kwargs, dict):
+                continue
+            try:
+                cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                continue
+            if not (isinstance(cls, type) and issubclass(cls, FactBase)) or issubclass(cls, ShortFactBase):
+                continue
+            if cls().check_preconditions(state, self.host):
+                continue
+            fact = cls()
+            try:
+                text, connector, executor, _ = fact_command(state, self.host, cls, None, kwargs, fact)
+            except Exception:  # noqa: BLE001 (a record from another version of a fact: read it live)
+                continue
+            groups.setdefault(connector, (executor, []))[1].append((fact, text))
+        for connector, (executor, wanted) in groups.items():
+            self._read_together(connector, executor, wanted)
+
+    def _read_together(self, connector: str, executor: dict, wanted: list) -> None:
+        nonce = secrets.token_hex(8)
+        script = batch_script([text for _, text in wanted], nonce)
+        self.reading = True
+        try:
+            # run as each fact alone would run: the same connector arguments (sudo, shell, env)
+            status, output = self.host.run_shell_command(StringCommand(script), **executor)
+        except Exception as error:  # noqa: BLE001 (the facts are then read one by one, as pyinfra does)
+            logger.debug(f"fact batch on {self.host.name} failed: {error}")
+            return
+        finally:
+            self.reading = False
+        self.round_trips += 1
+        if not status:
+            return
+        for index, (rc, lines) in split_output(output.stdout_lines, nonce).items():
+            fact, text = wanted[index]
+            cls = type(fact)
+            if rc != 0 or lines == [pyinfra_facts._MISSING_COMMAND_MARKER]:
+                continue  # read live: pyinfra's own handling of errors and missing commands applies
+            try:
+                value = fact.process(lines) if lines else fact.default()
+            except (FactProcessError, Exception):  # noqa: BLE001 (read live, where pyinfra reports it)
+                continue
+            self.answers[(cls.__module__, cls.__name__, text, connector)] = value
+
+    def get(self, state, cls, args, kwargs, ensure_hosts, apply_failed_hosts):
+        self._enter_stage(state.current_stage)
+        try:
+            text, connector, _, fact_kwargs = fact_command(state, self.host, cls, args, kwargs)
+        except Exception:  # noqa: BLE001 (pyinfra's own read says what is wrong)
+            return self._live(state, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
+        self.record(cls, fact_kwargs)
+        if self.segment not in self.prefetched and self.previous.get(self.segment):
+            self.prefetch(state)
+        key = (cls.__module__, cls.__name__, text, connector)
+        if key in self.answers:
+            self.served += 1
+            return copy.deepcopy(self.answers[key])
+        return self._live(state, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
+
+    def _live(self, state, cls, args, kwargs, ensure_hosts, apply_failed_hosts):
+        self.reading = True
+        try:
+            return _original_get_fact(state, self.host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
+        finally:
+            self.reading = False
+
+    def save(self) -> None:
+        if not self.recorded:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps({"host": self.host.name, "segments": self.recorded}, indent=1) + "\n")
+        partial.replace(self.path)
+
+
+def _batched_get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True):
+    batch = _batches.get(id(host))
+    if batch is None or batch.host is not host or batch.reading:
+        return _original_get_fact(state, host, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
+    return batch.get(state, cls, args, kwargs, ensure_hosts, apply_failed_hosts)
+
+
+def _watch(host, batch: FactBatch, method: str) -> None:
+    """Every ``method`` call on the host that is not a fact read is a change."""
+    original = getattr(host, method)
+
+    def watched(*args, **kwargs):
+        if not batch.reading:
+            batch.host_changed()
+        return original(*args, **kwargs)
+
+    setattr(host, method, watched)
+
+
+def _save_all() -> None:
+    for batch in list(_batches.values()):
+        try:
+            batch.save()
+        except OSError as error:  # a read-only home: the next run reads facts one by one
+            logger.debug(f"fact record for {batch.host.name} not saved: {error}")
+
+
+def activate(host) -> FactBatch | None:
+    """Batch this host's fact reads for the rest of the run (once per host; deploy.py calls it first)."""
+    if not enabled():
+        return None
+    if isinstance(host, ContextObject):  # deploy code's `host` is pyinfra's proxy of the current one
+        host = host._get_module()
+    batch = _batches.get(id(host))
+    if batch is not None and batch.host is host:
+        return batch
+    batch = FactBatch(host, cache_dir() / f"{host_key(host)}.json")
+    _batches[id(host)] = batch
+    for method in ("run_shell_command", "put_file"):
+        _watch(host, batch, method)
+    if pyinfra_facts._get_fact is not _batched_get_fact:
+        pyinfra_facts._get_fact = _batched_get_fact
+        atexit.register(_save_all)
+    return batch
