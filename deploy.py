@@ -28,19 +28,22 @@ from pyinfra.operations import files, server
 from pyinfra.operations.util.files import generate_color_diff
 
 from models.errors import HeavyliftConfigError
-from models.validate import DataSources, load_deployment, origin_of
+from models.validate import DataSources, load_deployment, origin_of, validated_deployments
 
 
 def data_origin(host, key):
     """The file (or --data) a host's data key came from, for messages."""
     return origin_of(host, key, DataSources.from_cli()).label
-from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, weights
+from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, waves, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
 # 1. validate: a bad key or value stops the run here, before any host changes; an unsupported model's
 #    refusal names each host's own GPUs (a fact read, no change)
 deployment = load_deployment(host, gpus_of=lambda chosen: chosen.get_fact(NvidiaGpus).summary())
+# the fleet's waves (wave_size / max_unavailable), the same on every host of a deployment (operations/waves.py)
+wave_plan = waves.plan_waves(validated_deployments(host), [h.name for h in host.inventory],
+                             origin=lambda name, key: data_origin(host.inventory.get_host(name), key))
 try:
     # the HF token and API key, read on the control machine (env:NAME or file:PATH), kept as SecretStr
     secret_env = secrets.resolve(deployment.settings)
@@ -214,93 +217,102 @@ release.staged(
     name=f"release {release_id}", release_dir=layout.release(release_id),
     launcher=layout.launcher, overlay=layout.overlay, venv=plan.vllm_venv.path,
 )
-switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=release_id)
-# what was `previous` until this switch (and releases beyond keep_snapshots) may go now
-diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
-    snapshots_before, diskgc.plan_snapshots(host_state, plan.deployment, content_dir, settings.keep_snapshots,
-                                            new_release=release_id, after_switch=True)))
 # a hardened host's umask (027, 077) makes all of it root-only; the service reads these as its own user
 permissions.readable_by_service(
     name="readable by the service user",
     trees=[plan.vllm_venv.path, content_dir, layout.release(release_id), layout.scripts],
     root=layout.root,
 )
-stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file, switched]
-stop_grace = settings.shutdown_timeout + 30  # vLLM drains for --shutdown-timeout, then exits
+# 6b. the switch, restart and readiness gate: on every host at once, or wave by wave (wave_size,
+#     max_unavailable; operations/waves.py): a wave is held, untouched, once any host of the run failed
+for wave in waves.rolling(host, state, wave_plan):
+    switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=release_id)
+    # what was `previous` until this switch (and releases beyond keep_snapshots) may go now
+    diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
+        snapshots_before, diskgc.plan_snapshots(host_state, plan.deployment, content_dir, settings.keep_snapshots,
+                                                new_release=release_id, after_switch=True)))
+    stale_when_changed = [vllm_venv, active_venv, overlay_links, *rendered_configs, launcher, env_file, switched]
+    stop_grace = settings.shutdown_timeout + 30  # vLLM drains for --shutdown-timeout, then exits
 
-manager = settings.service_manager
-if manager == "auto":
-    manager = "systemd" if host.get_fact(service.InitSystem) == "systemd" else "fallback"
-if manager == "systemd":
-    unit_file = files.template(
-        name="systemd unit",
-        src=str(TEMPLATES / "vllm.service.j2"),
-        dest=layout.unit_path,
-        deployment=plan.deployment,
-        repo=plan.snapshot.repo,
-        commit=plan.snapshot.commit,
-        service_user=user,
-        env_file=layout.env_file,
-        launcher=layout.service_launcher,
-        probe_script=layout.probe_script,
-        health_url=plan.probe_url,
-        timeout_start=settings.start_timeout or plan.readiness_timeout,
-        timeout_stop=stop_grace,
-        restart_sec=settings.restart_delay,
-        restart_backoff=host.get_fact(service.SystemdVersion) >= service.RESTART_BACKOFF_SINCE,
-        restart_max_delay=settings.restart_max_delay,
-        limit_nofile=settings.limit_nofile,
-    )
-    service_op = service.systemd_unit(
-        name=f"service {layout.unit_name}", unit=layout.unit_name,
-        dependencies=[*stale_when_changed, unit_file], unit_file_op=unit_file,
-        release=release_id, releases_dir=layout.releases,
-    )
-    log_command = StringCommand("journalctl", "-u", QuoteString(layout.unit_name), "-n", "40", "--no-pager")
-    pid_source = f"systemd:{layout.unit_name}"
-    restart = service.systemd_restart(layout.unit_name)
-else:
-    service_op = service.daemon(
-        name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
-        pidfile=layout.pidfile, logfile=layout.logfile, dependencies=stale_when_changed,
-        grace_seconds=stop_grace, user=user, home=layout.service_home,
-        release=release_id, releases_dir=layout.releases,
-    )
-    log_command = StringCommand("tail", "-n", "40", QuoteString(layout.logfile))
-    pid_source = f"pidfile:{layout.pidfile}"
-    restart = service.daemon_restart(
-        layout.service_launcher, layout.env_file, layout.pidfile, layout.logfile, stop_grace, user, layout.service_home,
-    )
+    manager = settings.service_manager
+    if manager == "auto":
+        manager = "systemd" if host.get_fact(service.InitSystem) == "systemd" else "fallback"
+    if manager == "systemd":
+        unit_file = files.template(
+            name="systemd unit",
+            src=str(TEMPLATES / "vllm.service.j2"),
+            dest=layout.unit_path,
+            deployment=plan.deployment,
+            repo=plan.snapshot.repo,
+            commit=plan.snapshot.commit,
+            service_user=user,
+            env_file=layout.env_file,
+            launcher=layout.service_launcher,
+            probe_script=layout.probe_script,
+            health_url=plan.probe_url,
+            timeout_start=settings.start_timeout or plan.readiness_timeout,
+            timeout_stop=stop_grace,
+            restart_sec=settings.restart_delay,
+            restart_backoff=host.get_fact(service.SystemdVersion) >= service.RESTART_BACKOFF_SINCE,
+            restart_max_delay=settings.restart_max_delay,
+            limit_nofile=settings.limit_nofile,
+        )
+        service_op = service.systemd_unit(
+            name=f"service {layout.unit_name}", unit=layout.unit_name,
+            dependencies=[*stale_when_changed, unit_file], unit_file_op=unit_file,
+            release=release_id, releases_dir=layout.releases,
+        )
+        log_command = StringCommand("journalctl", "-u", QuoteString(layout.unit_name), "-n", "40", "--no-pager")
+        pid_source = f"systemd:{layout.unit_name}"
+        restart = service.systemd_restart(layout.unit_name)
+    else:
+        service_op = service.daemon(
+            name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
+            pidfile=layout.pidfile, logfile=layout.logfile, dependencies=stale_when_changed,
+            grace_seconds=stop_grace, user=user, home=layout.service_home,
+            release=release_id, releases_dir=layout.releases,
+        )
+        log_command = StringCommand("tail", "-n", "40", QuoteString(layout.logfile))
+        pid_source = f"pidfile:{layout.pidfile}"
+        restart = service.daemon_restart(
+            layout.service_launcher, layout.env_file, layout.pidfile, layout.logfile, stop_grace, user, layout.service_home,
+        )
 
-# 7. readiness gate after every (re)start: /health, a completion, a short decode benchmark;
-#    figures into status.json and the report line; a failed gate rolls back to the previous release
-readiness.serving(
-    name="vLLM ready",
-    url=plan.probe_url,
-    model=plan.served_model_name,
-    endpoint=plan.endpoint,
-    budget_seconds=plan.readiness_timeout,
-    log_command=log_command,
-    gate=readiness.Gate(
-        probe_script=layout.probe_script,
-        pid_source=pid_source,
-        env_file=layout.env_file,
-        status_file=layout.status_file,
-        benchmark_tokens=settings.benchmark_tokens,
-        meta={
-            "deployment": plan.deployment,
-            "release": release_id,
-            # the exact build planning resolved (a nightly has no version in the settings)
-            "vllm": f"{settings.vllm.package} {plan.build.version}",
-            "model": f"{plan.snapshot.repo}@{plan.snapshot.commit}",
-            "endpoint": plan.endpoint,
-        },
-    ),
-    dependencies=[*stale_when_changed, service_op],
-    rollback=readiness.Rollback(
-        current_link=layout.current, previous_link=layout.previous, releases_dir=layout.releases, restart=tuple(restart),
-    ),
-)
+    # 7. readiness gate after every (re)start: /health, a completion, a short decode benchmark;
+    #    figures into status.json and the report line; a failed gate rolls back to the previous release
+    gate_arguments = dict(
+        url=plan.probe_url,
+        model=plan.served_model_name,
+        endpoint=plan.endpoint,
+        budget_seconds=plan.readiness_timeout,
+        log_command=log_command,
+        gate=readiness.Gate(
+            probe_script=layout.probe_script,
+            pid_source=pid_source,
+            env_file=layout.env_file,
+            status_file=layout.status_file,
+            benchmark_tokens=settings.benchmark_tokens,
+            meta={
+                "deployment": plan.deployment,
+                "release": release_id,
+                # the exact build planning resolved (a nightly has no version in the settings)
+                "vllm": f"{settings.vllm.package} {plan.build.version}",
+                "model": f"{plan.snapshot.repo}@{plan.snapshot.commit}",
+                "endpoint": plan.endpoint,
+            },
+        ),
+        dependencies=[*stale_when_changed, service_op],
+        rollback=readiness.Rollback(
+            current_link=layout.current, previous_link=layout.previous, releases_dir=layout.releases, restart=tuple(restart),
+        ),
+    )
+    readiness.serving(name="vLLM ready", **gate_arguments)
+
+    if wave is not None:
+        # a wave one of whose hosts failed its gate goes back whole: this host too, when it switched
+        waves.rolled_back_with_wave(
+            name="rolled back with its wave", plan=wave_plan, index=wave, switched=switched, **gate_arguments,
+        )
 
 # the lock is given back at the end of the run (and by a host whose operation failed, at once):
 # only a run that died leaves it for the next one to recover
