@@ -32,6 +32,7 @@ from itertools import zip_longest
 
 from pyinfra import logger
 from pyinfra.api import BaseStateCallback, FunctionCommand, OperationError, operation
+from pyinfra.api.facts import get_fact
 from pyinfra.context import host as current_host, state as current_state
 
 from . import fleet, readiness
@@ -141,7 +142,7 @@ class _Rollout(BaseStateCallback):
 
     def operation_end(self, state, op_hash):
         if SUMMARY_NAME in state.get_op_meta(op_hash).names:
-            for line in summary_lines(self, state.inventory):
+            for line in summary_lines(self, state):
                 (logger.warning if self.failures else logger.info)(line)
 
     def decide(self, index: int, failed_hosts) -> str | None:
@@ -269,16 +270,18 @@ def summary():
     yield
 
 
-def summary_lines(rollout: _Rollout, inventory) -> list[str]:
+def summary_lines(rollout: _Rollout, state) -> list[str]:
     plan = rollout.plan
     failed = dict(reversed(rollout.failures))  # host -> its first failure
     held = [index for index in range(len(plan.waves)) if rollout.decisions.get(index)]
     lines, serving = [], {}
     for index, hosts in enumerate(plan.waves):
         for name in hosts:
-            host = inventory.get_host(name)
+            host = state.inventory.get_host(name)
             try:
-                found = host.get_fact(fleet.HostState, root=plan.roots[name], light=True)
+                # a host whose read fails is said, not failed: the run's outcome is the rollout's
+                found = get_fact(state, host, fleet.HostState, kwargs={"root": plan.roots[name], "light": True},
+                                 apply_failed_hosts=False)
                 deployment = found["deployments"].get(plan.deployments[name]) or {}
             except Exception as error:  # noqa: BLE001 - an unreachable host is said, not raised
                 lines.append(f"    wave {index + 1}: {name}: not read ({error})")
