@@ -207,9 +207,12 @@ def started(plan: WavePlan, index: int):
     if mine != index:
         host.noop(f"this host is in {plan.label(mine)}")
     elif held:
-        host.noop(f"held: {held}; it keeps serving what it serves, untouched")
+        # said in every run's output, not only with -v (pyinfra logs noops at debug level by default)
+        logger.warning(f"{host.print_prefix}held: {held}; it keeps serving what it serves, untouched")
+        host.noop("held")
     else:
-        host.noop(f"{plan.label(index)}: switch, restart and readiness gate now")
+        logger.info(f"{host.print_prefix}{plan.label(index)}: switch, restart and readiness gate now")
+        host.noop("its wave goes")
     return
     yield  # an operation is a generator; this one only decides
 
@@ -299,7 +302,7 @@ def summary_lines(rollout: _Rollout, state) -> list[str]:
             else:
                 what = "rolled out"
             pid = f" (pid {service['pid']})" if service.get("pid") else ""
-            mismatch = f", but current is {current}" if current != running else ""
+            mismatch = f", but current is {current}" if current not in ("none", running) else ""
             lines.append(f"    wave {index + 1}: {name}: runs release {running}{pid}{mismatch}: {what}")
     if not rollout.failures:
         head = f"--> Rollout: all {len(plan.waves)} waves rolled out"

@@ -25,9 +25,10 @@ def _deployment(other):
     return SimpleNamespace(name="stand-in", settings=settings)
 
 
+FOLDER = host.data.get("waves_dir", "/opt/waves")
 plan = waves.plan_waves({h.name: _deployment(h) for h in host.inventory}, [h.name for h in host.inventory])
-files.directory(name="prepared on every host at once", path="/opt/waves")
+files.directory(name="prepared on every host at once", path=FOLDER)
 for wave in waves.rolling(host, state, plan):
-    server.shell(name="switch (stand-in)", commands=["date +%s.%N >> /opt/waves/switched && sleep 0.5"])
+    server.shell(name="switch (stand-in)", commands=[f"date +%s.%N >> {FOLDER}/switched && sleep 0.5"])
     failing = host.data.get("waves_fail") == host.name
     server.shell(name="gate (stand-in)", commands=["echo 'the gate fails' >&2; exit 3" if failing else "sleep 0.5"])

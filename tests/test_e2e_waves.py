@@ -116,7 +116,7 @@ def test_the_wave_before_serves_the_new_release(fleet):
 def test_the_waves_after_it_keep_serving_untouched(fleet):
     bed, before, output = fleet["bed"], fleet["before"], fleet["rollout"].output
     host3 = bed["host3"]
-    assert ("[host3] noop: held: the rollout stopped before wave 3 of 3 (host3): host2: 'vLLM ready' failed; "
+    assert ("[host3] held: the rollout stopped before wave 3 of 3 (host3): host2: 'vLLM ready' failed; "
             "it keeps serving what it serves, untouched") in output, output[-5000:]
     # the same process on the same release, the link not even rewritten
     assert read_pid(host3) == before["host3"]["pid"]

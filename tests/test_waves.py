@@ -1,5 +1,5 @@
-"""Waves (operations/waves.py): the plan from the site's settings, and the order pyinfra 3.10 really runs
-the waves in over SSH test hosts, with a stand-in for the switch and gate (testbed/waves_deploy.py):
+"""Waves (operations/waves.py): the plan from the site's settings, and the order the real pyinfra 3.10 CLI
+runs the waves in, with a stand-in for the switch and gate (testbed/waves_deploy.py):
 each wave's switch only after the wave before it passed, and the waves after a failure held."""
 
 from types import SimpleNamespace
@@ -47,54 +47,58 @@ def test_hosts_of_one_deployment_that_disagree_are_refused_naming_both_files():
     assert "Fix: set wave_size once" in text and text.endswith("No host was changed.")
 
 
-# --- the real pyinfra over SSH test hosts --------------------------------------------------------------
+# --- the real pyinfra CLI ---------------------------------------------------------------------------------
+# Three hosts through pyinfra's @chroot connector into this machine's own / (``chroot / sh -c ...``):
+# three names, three connections, the real CLI and its operation order, no test hosts to start. Each
+# host writes only under its own folder in tmp_path.
+
+NAMES = ("@chroot//", "@chroot//.", "@chroot///")
 
 
-@pytest.fixture(scope="module")
-def bed(testbed_factory, tmp_path_factory):
-    bed = testbed_factory(["host1", "host2", "host3"])
-    inventory = tmp_path_factory.mktemp("waves") / "site.py"
-    bed.write_inventory(inventory)
-    return bed, inventory
+@pytest.fixture()
+def bed(tmp_path):
+    inventory = tmp_path / "site.py"
+    folders = {name: tmp_path / f"host{i + 1}" for i, name in enumerate(NAMES)}
+    hosts = [(name, {"waves_dir": str(folder), "root": str(tmp_path / "root")}) for name, folder in folders.items()]
+    inventory.write_text(f"hosts = {hosts!r}\n")
+    return folders, inventory
 
 
-def switched_at(host):
-    found = host.run("cat /opt/waves/switched 2>/dev/null; rm -f /opt/waves/switched").stdout.split()
-    return [float(value) for value in found]
+def switched_at(folder):
+    found = folder / "switched"
+    return [float(value) for value in found.read_text().split()] if found.exists() else []
 
 
-@pytest.mark.e2e
 def test_each_wave_switches_after_the_wave_before_it_passed(bed):
-    bed, inventory = bed
+    folders, inventory = bed
     run = run_pyinfra(inventory, "--data", "wave_size=1", deploy="testbed/waves_deploy.py")
     assert run.returncode == 0, run.output[-4000:]
-    times = {name: switched_at(bed[name]) for name in ("host1", "host2", "host3")}
-    assert all(len(t) == 1 for t in times.values()), times
+    times = [switched_at(folders[name]) for name in NAMES]
+    assert all(len(t) == 1 for t in times), times
     # each switch waits for the previous wave's 0.5 s switch and 0.5 s gate
-    assert times["host2"][0] - times["host1"][0] >= 1.0 and times["host3"][0] - times["host2"][0] >= 1.0, times
-    assert "--> Rolling out in 3 waves (stand-in: 1 at a time): 1: host1; 2: host2; 3: host3" in run.output
+    assert times[1][0] - times[0][0] >= 1.0 and times[2][0] - times[1][0] >= 1.0, times
+    assert "--> Rolling out in 3 waves (stand-in: 1 at a time): 1: @chroot//; 2: @chroot//.; 3: @chroot///" in run.output
     assert "--> Rollout: all 3 waves rolled out" in run.output, run.output[-3000:]
 
 
-@pytest.mark.e2e
 def test_a_wave_of_two_switches_together(bed):
-    bed, inventory = bed
+    folders, inventory = bed
     run = run_pyinfra(inventory, "--data", "max_unavailable=2", deploy="testbed/waves_deploy.py")
     assert run.returncode == 0, run.output[-4000:]
-    times = {name: switched_at(bed[name])[0] for name in ("host1", "host2", "host3")}
-    assert abs(times["host2"] - times["host1"]) < 0.5 and times["host3"] - times["host2"] >= 1.0, times
+    times = [switched_at(folders[name])[0] for name in NAMES]
+    assert abs(times[1] - times[0]) < 0.5 and times[2] - times[1] >= 1.0, times
 
 
-@pytest.mark.e2e
 def test_a_failed_wave_holds_the_waves_after_it(bed):
-    bed, inventory = bed
-    run = run_pyinfra(inventory, "--data", "wave_size=1", "--data", "waves_fail=host2", deploy="testbed/waves_deploy.py")
+    folders, inventory = bed
+    run = run_pyinfra(inventory, "--data", "wave_size=1", "--data", "waves_fail=@chroot//.", deploy="testbed/waves_deploy.py")
     assert run.returncode != 0, run.output[-4000:]
-    assert len(switched_at(bed["host1"])) == 1 and len(switched_at(bed["host2"])) == 1
-    assert switched_at(bed["host3"]) == []  # held: its switch never ran
-    assert ("[host3] noop: held: the rollout stopped before wave 3 of 3 (host3): host2: 'gate (stand-in)' failed"
-            in run.output), run.output[-4000:]
-    assert "--> Rollout stopped in wave 2 of 3: host2: 'gate (stand-in)' failed; waves 3-3 were held" in run.output
-    for line in ("wave 1: host1: runs release nothing: rolled out", "wave 2: host2: runs release nothing: failed",
-                 "wave 3: host3: runs release nothing: held, untouched"):
+    assert len(switched_at(folders[NAMES[0]])) == 1 and len(switched_at(folders[NAMES[1]])) == 1
+    assert switched_at(folders[NAMES[2]]) == []  # held: its switch never ran
+    assert ("[@chroot///] held: the rollout stopped before wave 3 of 3 (@chroot///): @chroot//.: 'gate (stand-in)' "
+            "failed; it keeps serving what it serves, untouched") in run.output, run.output[-4000:]
+    assert "--> Rollout stopped in wave 2 of 3: @chroot//.: 'gate (stand-in)' failed; waves 3-3 were held" in run.output
+    for line in ("wave 1: @chroot//: runs release nothing: rolled out",
+                 "wave 2: @chroot//.: runs release nothing: failed ('gate (stand-in)' failed)",
+                 "wave 3: @chroot///: runs release nothing: held, untouched"):
         assert line in run.output, run.output[-3000:]
