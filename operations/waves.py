@@ -66,6 +66,15 @@ class WavePlan:
             f"{index + 1}: {', '.join(hosts)}" for index, hosts in enumerate(self.waves))
 
 
+def planned(host, context) -> WavePlan:
+    """The run's waves, from every active host's validated settings (models/validate.py), the same on each host."""
+    from models.validate import DataSources, origin_of, validated_deployments
+
+    sources = DataSources.of_run(context)
+    return plan_waves(validated_deployments(host), [h.name for h in host.inventory],
+                      origin=lambda name, key: origin_of(host.inventory.get_host(name), key, sources).label)
+
+
 def hosts_per_wave(settings, count: int) -> int | None:
     """The site's wave size for a deployment of ``count`` hosts; None when it rolls all at once."""
     if settings.wave_size is not None:
