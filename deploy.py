@@ -5,7 +5,8 @@
     pyinfra inventory/<site>.py deploy.py --data until=prepare   everything but the switch, restart and gate
 
 The rollout, top to bottom: validate and plan (resolve/, no host changes) -> runtime -> weights ->
-overlay -> release -> switch -> service -> readiness gate. One call per stage (operations/rollout.py),
+overlay -> release -> switch -> service -> readiness gate (the last three in waves where the site sets
+wave_size or max_unavailable). One call per stage (operations/rollout.py),
 each taking its part of the plan.
 """
 
@@ -15,9 +16,9 @@ from pathlib import Path
 # models/, resolve/ and operations/ live beside this file, wherever pyinfra is started from
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyinfra import host
+from pyinfra import host, state
 
-from operations import factbatch, rollout
+from operations import factbatch, rollout, waves
 
 # the facts this host's last run read, read again in one round trip each time the run changed the host
 # (operations/factbatch.py): a converged re-run makes five round trips instead of fifty
@@ -26,6 +27,8 @@ factbatch.activate(host)
 # validate and plan: the run's context, the site's data, its secrets, the host's facts -> one frozen plan,
 # or a refusal naming file and field before any host changes
 plan, context = rollout.planned()
+# the fleet's waves (wave_size / max_unavailable): one size per deployment, checked across the hosts here
+wave_plan = waves.planned(host, context)
 rollout.report_resolution(plan)
 rollout.lock_taken(plan.layout, context)
 
@@ -33,10 +36,13 @@ stale = rollout.runtime_converged(plan)
 host_state, snapshots_before = rollout.weights_present(plan)
 stale += rollout.overlay_rendered(plan)
 stale += rollout.release_staged(plan)
-if plan.until == "serve":
-    stale.append(rollout.release_switched(plan, host_state, snapshots_before))
 rollout.readable(plan)
 if plan.until == "serve":
-    supervisor, service = rollout.service_running(plan, stale)
-    rollout.gate_passed(plan, supervisor, [*stale, service])
+    # the switch, restart and gate: on every host at once, or wave by wave (wave_size / max_unavailable,
+    # operations/waves.py); a wave is held, untouched, once any host of the run has failed
+    for wave in waves.rolling(host, state, wave_plan):
+        switched = rollout.release_switched(plan, host_state, snapshots_before)
+        supervisor, service = rollout.service_running(plan, [*stale, switched])
+        gate = rollout.gate_passed(plan, supervisor, [*stale, switched, service])
+        rollout.wave_rolled_back(wave_plan, wave, switched, gate)
 rollout.lock_given_back(plan.layout)

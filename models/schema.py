@@ -133,7 +133,7 @@ class Strict(BaseModel):
     def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic's lax mode turns True into 1: `tensor_parallel_size: true` must not mean 1
         field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and field.annotation in (int, int | None, float, float | None):
+        if isinstance(value, bool) and field is not None and field.annotation in (int, int | None, float, float | None, int | str | None):
             raise ValueError(f"{value!r} is a boolean, not a number")
         return value
 
@@ -508,6 +508,34 @@ class SiteSettings(Strict):
     )
     limit_nofile: int = Field(default=1048576, ge=1024, description="open files limit of the service (LimitNOFILE)")
     benchmark_tokens: int = Field(default=32, ge=0, le=4096, description="tokens decoded by the readiness benchmark; 0 skips it")
+    # --- fleets in waves (operations/waves.py): the switch, restart and gate of a deployment's hosts, so many at a time
+    wave_size: int | None = Field(
+        default=None, ge=1, le=10000,
+        description="hosts of this deployment switched, restarted and gated at a time, in inventory order; all at once when unset",
+    )
+    max_unavailable: int | str | None = Field(
+        default=None,
+        description="the same as a bound: hosts (a number) or a share of the deployment's hosts ('25%', rounded down, at least 1) "
+        "out of service at once; give wave_size or max_unavailable, not both",
+    )
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _max_unavailable(cls, value: int | str | None, info: ValidationInfo) -> int | str | None:
+        if value is None:
+            return value
+        if info.data.get("wave_size") is not None:
+            raise ValueError("wave_size and max_unavailable both say how many hosts restart at a time: keep one")
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, str):
+            share = re.fullmatch(r"\s*(\d{1,3})\s*%\s*", value)
+            if not share or not 0 < int(share.group(1)) <= 100:
+                raise ValueError(f"{value!r} is neither a number of hosts nor a share such as '25%' (1-100%)")
+            return f"{int(share.group(1))}%"
+        if value < 1:
+            raise ValueError(f"{value!r}: at least one host must be allowed out of service, or the rollout never moves")
+        return value
 
     @field_validator("hf_token", "api_key")
     @classmethod

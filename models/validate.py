@@ -113,6 +113,10 @@ SITE_HINTS: dict[str, str] = {
     "shutdown_timeout": "set shutdown_timeout to the seconds vLLM may drain requests on stop (0-3600)",
     "limit_nofile": "set limit_nofile to the open files limit (at least 1024)",
     "benchmark_tokens": "set benchmark_tokens to the tokens the readiness benchmark decodes (0 skips it)",
+    "wave_size": "set wave_size to how many hosts of the deployment switch, restart and pass the gate at a time (1 or "
+    "more), e.g. wave_size = 2, in the group_data file of the deployment's hosts, or remove it to roll all at once",
+    "max_unavailable": 'set max_unavailable to a number of hosts (e.g. 2) or a share of the deployment\'s hosts (e.g. "25%"); '
+    "with wave_size set too, remove one of the two",
 }
 
 
@@ -516,3 +520,13 @@ def load_deployment(
     if problems:
         raise combine(problems)
     return deployments[host.name]
+
+
+def validated_deployments(host: Host) -> dict[str, Deployment]:
+    """Every active host's Deployment in this run, by host name: what ``load_deployment`` validated
+    together (the fleet-wide checks, such as the waves of operations/waves.py, read it)."""
+    for deployments, problems in _RESULTS.get(host.inventory, {}).values():
+        if host.name in deployments and not problems:
+            return deployments
+    load_deployment(host)
+    return validated_deployments(host)

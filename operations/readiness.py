@@ -131,9 +131,28 @@ def failure_text(url: str, result: dict, budget_seconds: float, log: str) -> str
     )
 
 
-def _release_of(host, link):
+def release_of(host, link):
     status, output = host.run_shell_command(StringCommand("readlink", QuoteString(link)))
     return output.stdout.strip().rsplit("/", 1)[-1] if status and output.stdout.strip() else None
+
+
+def put_back(host, url, model, budget_seconds, endpoint, gate: Gate, rollback: Rollback, failed: str, previous: str,
+             failure: str = "") -> dict:
+    """``previous`` back as ``current`` (the same atomic link switch that installed ``failed``), restarted and
+    gated again; the gate's result. Raises OperationError (after ``failure``) when that fails too."""
+    back = f"{rollback.releases_dir}/{previous}"
+    for command in (*link_switch(rollback.current_link, back), *rollback.restart):
+        ok, output = host.run_shell_command(command)
+        if not ok:
+            raise OperationError(f"{failure}\nRollback to release {previous} failed at `{command}`: {output.stderr}")
+    again = _gate(host, url, model, budget_seconds, Gate(**{**gate.__dict__, "meta": {
+        **gate.meta, "release": previous, "rolled_back_from": failed}}))
+    if not _passed(again):
+        raise OperationError(
+            f"{failure}\nRolled back to release {previous}, which is not ready either ({again.get('error')})."
+        )
+    logger.info(f"{host.print_prefix}{report_line({**gate.meta, 'release': previous}, again, endpoint)}")
+    return again
 
 
 def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command, gate, rollback=None):
@@ -148,24 +167,12 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
     _, log = host.run_shell_command(log_command)
     failure = failure_text(url, result, budget_seconds, log.stdout)
     failed = gate.meta.get("release")
-    previous = _release_of(host, rollback.previous_link) if rollback else None
+    previous = release_of(host, rollback.previous_link) if rollback else None
     if not previous or previous == failed:
         raise OperationError(failure)
 
-    # put the previous release back: the same atomic link switch that installed the new one
     logger.warning(f"{host.print_prefix}release {failed} failed its readiness gate; rolling back to release {previous}")
-    back = f"{rollback.releases_dir}/{previous}"
-    for command in (*link_switch(rollback.current_link, back), *rollback.restart):
-        ok, output = host.run_shell_command(command)
-        if not ok:
-            raise OperationError(f"{failure}\nRollback to release {previous} failed at `{command}`: {output.stderr}")
-    again = _gate(host, url, model, budget_seconds, Gate(**{**gate.__dict__, "meta": {
-        **gate.meta, "release": previous, "rolled_back_from": failed}}))
-    if not _passed(again):
-        raise OperationError(
-            f"{failure}\nRolled back to release {previous}, which is not ready either ({again.get('error')})."
-        )
-    logger.info(f"{host.print_prefix}{report_line({**gate.meta, 'release': previous}, again, endpoint)}")
+    again = put_back(host, url, model, budget_seconds, endpoint, gate, rollback, failed, previous, failure)
     raise OperationError(
         f"release {failed} failed its readiness gate and was rolled back: release {previous} serves {model} at "
         f"{endpoint} again (healthy after {again['health_seconds']} s).\n{failure}"

@@ -24,7 +24,7 @@ from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
-from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, supervisor, weights
+from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, supervisor, waves, weights
 from .gpu import NvidiaGpus
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -231,12 +231,12 @@ def service_running(plan, stale_when_changed):
     return chosen, chosen.converged(plan, stale_when_changed)
 
 
-def gate_passed(plan, chosen, dependencies) -> None:
+def gate_passed(plan, chosen, dependencies) -> dict:
     """The readiness gate after every (re)start: /health, a completion, a short decode benchmark; figures
-    into status.json and the report line; a failed gate rolls back to the previous release."""
+    into status.json and the report line; a failed gate rolls back to the previous release.
+    Returns the gate's arguments (a failed wave's rollback gates the same way: operations/waves.py)."""
     layout, gate = plan.layout, plan.gate
-    readiness.serving(
-        name="vLLM ready",
+    arguments = dict(
         url=gate.url,
         model=gate.model,
         endpoint=gate.endpoint,
@@ -252,6 +252,15 @@ def gate_passed(plan, chosen, dependencies) -> None:
             restart=chosen.restart,
         ),
     )
+    readiness.serving(name="vLLM ready", **arguments)
+    return arguments
+
+
+def wave_rolled_back(wave_plan, wave, switched, gate_arguments) -> None:
+    """In a rollout in waves, a host whose wave-mate failed its gate goes back with it (operations/waves.py)."""
+    if wave is not None:
+        waves.rolled_back_with_wave(name="rolled back with its wave", plan=wave_plan, index=wave, switched=switched,
+                                    **gate_arguments)
 
 
 def lock_given_back(layout) -> None:

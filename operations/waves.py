@@ -1,0 +1,324 @@
+"""Waves: a fleet's release switch, restart and readiness gate, so many hosts at a time, in one pyinfra run.
+
+A site sets ``wave_size`` (or ``max_unavailable``: a number of hosts or a share such as ``"25%"``,
+rounded down and at least 1, as Kubernetes rounds a Deployment's maxUnavailable). Everything that
+does not touch the running service (uv, the venv, the download, the overlay, the release folder)
+still runs on every host at once; the hosts of a deployment then switch ``current``, restart and
+pass the readiness gate in waves, in inventory order. A failure stops the rollout: the failed host
+was rolled back by its gate (operations/readiness.py), the wave's other hosts are put back with it,
+and the hosts of later waves are held, untouched, on the release they serve. The run ends with the
+hosts and the release each one runs, read from the hosts.
+
+How, in pyinfra 3.10: the run executes operations in the order of a DAG made from every host's own
+operation sequence (api/state.py ``get_op_order``: a TopologicalSorter over each host's
+``op_hash_order``, ties broken by call-site line numbers), each operation on all its hosts before the
+next (api/operations.py ``_run_single_op``). Every host emits one *wave barrier* per wave (``started``,
+in ``host.loop`` so each wave's is its own operation) and the switch/restart/gate only inside its own
+wave, after that wave's barrier. So wave k+1's barrier follows wave k's gate in some host's sequence,
+and the DAG puts all of wave k before it. Whether a wave goes is decided when its barrier runs (any
+host failed so far: held), and the wave's operations carry that decision as ``_if`` (``host.when``).
+pyinfra's own knobs do not give waves: ``--serial``/``_serial`` and ``--parallel``/``_parallel`` still
+run each operation across the fleet before the next (every host switched before any gate), and
+``--serial`` would also download one host at a time; ``FAIL_PERCENT`` raises out of
+``State.fail_hosts`` and ends the whole run at once, so no host gives its lock back and nothing says
+which host runs what.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import zip_longest
+
+from pyinfra import logger
+from pyinfra.api import BaseStateCallback, FunctionCommand, OperationError, operation
+from pyinfra.api.facts import get_fact
+from pyinfra.context import host as current_host, state as current_state
+
+from . import fleet, readiness
+from .service import changed_in_this_run
+
+SUMMARY_NAME = "rollout summary (which hosts run what)"
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """The hosts of each wave (names, in order) and what decided it."""
+
+    waves: tuple[tuple[str, ...], ...]
+    per_wave: dict[str, int] = field(default_factory=dict)  # deployment -> hosts per wave (the site's setting)
+    deployments: dict[str, str] = field(default_factory=dict)  # host -> deployment name
+    roots: dict[str, str] = field(default_factory=dict)  # host -> heavylift's root on it
+
+    @property
+    def rolling(self) -> bool:
+        return bool(self.per_wave)
+
+    def wave_of(self, host_name: str) -> int:
+        return next(index for index, hosts in enumerate(self.waves) if host_name in hosts)
+
+    def label(self, index: int) -> str:
+        return f"wave {index + 1} of {len(self.waves)} ({', '.join(self.waves[index])})"
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{name}: {size} at a time" for name, size in self.per_wave.items())
+        return f"{len(self.waves)} waves ({sizes}): " + "; ".join(
+            f"{index + 1}: {', '.join(hosts)}" for index, hosts in enumerate(self.waves))
+
+
+def planned(host, context) -> WavePlan:
+    """The run's waves, from every active host's validated settings (models/validate.py), the same on each host."""
+    from models.validate import DataSources, origin_of, validated_deployments
+
+    sources = DataSources.of_run(context)
+    return plan_waves(validated_deployments(host), [h.name for h in host.inventory],
+                      origin=lambda name, key: origin_of(host.inventory.get_host(name), key, sources).label)
+
+
+def hosts_per_wave(settings, count: int) -> int | None:
+    """The site's wave size for a deployment of ``count`` hosts; None when it rolls all at once."""
+    if settings.wave_size is not None:
+        return settings.wave_size
+    bound = settings.max_unavailable
+    if bound is None:
+        return None
+    if isinstance(bound, str):  # "25%": rounded down, at least one host (else the rollout never moves)
+        return max(1, math.floor(count * int(bound.rstrip("%")) / 100))
+    return bound
+
+
+def plan_waves(deployments: dict, order: list[str], origin=None) -> WavePlan:
+    """The waves of the hosts in ``deployments`` (host name -> validated Deployment), in inventory ``order``.
+
+    Each deployment's hosts are cut into chunks of its wave size; wave k is the k-th chunk of every
+    deployment. A deployment whose hosts disagree on the setting is refused (``origin(host, key)``
+    names the file that set it), before any host changes.
+    """
+    from models.errors import HeavyliftConfigError
+
+    by_deployment: dict[str, list[str]] = {}
+    for name in order:
+        if name in deployments:
+            by_deployment.setdefault(deployments[name].name, []).append(name)
+    chunks, per_wave = [], {}
+    for deployment, hosts in by_deployment.items():
+        settings = {name: (deployments[name].settings.wave_size, deployments[name].settings.max_unavailable) for name in hosts}
+        first = hosts[0]
+        for name in hosts[1:]:
+            if settings[name] != settings[first]:
+                key = "wave_size" if settings[name][0] != settings[first][0] else "max_unavailable"
+                where = (lambda h: origin(h, key)) if origin else (lambda h: "the inventory")
+
+                def shown(h):
+                    value = settings[h][0 if key == "wave_size" else 1]
+                    return "not set" if value is None else repr(value)
+
+                raise HeavyliftConfigError(
+                    f"{where(name)}, host '{name}': field '{key}' is {shown(name)} here but {shown(first)} for host "
+                    f"'{first}' ({where(first)}) of the same deployment '{deployment}': one deployment rolls in one wave "
+                    f"size. Fix: set {key} once for all of the deployment's hosts (in their group_data file or the "
+                    "inventory's global data). No host was changed."
+                )
+        size = hosts_per_wave(deployments[first].settings, len(hosts))
+        if size is not None:
+            per_wave[deployment] = size
+        size = size or len(hosts)
+        chunks.append([tuple(hosts[i:i + size]) for i in range(0, len(hosts), size)])
+    waves = tuple(tuple(name for chunk in wave if chunk for name in chunk) for wave in zip_longest(*chunks, fillvalue=()))
+    return WavePlan(
+        waves=waves, per_wave=per_wave,
+        deployments={name: d.name for name, d in deployments.items()},
+        roots={name: d.settings.root for name, d in deployments.items()},
+    )
+
+
+class _Rollout(BaseStateCallback):
+    """One per run: each wave's decision (taken when its barrier runs), the first failure, the summary."""
+
+    def __init__(self, plan: WavePlan):
+        self.plan = plan
+        self.decisions: dict[int, str | None] = {}  # wave index -> why it is held (None: it goes)
+        self.failures: list[tuple[str, str]] = []  # (host, what failed), in order
+        self.rolled_back: dict[str, str] = {}  # host -> why it was put back with its wave
+
+    # pyinfra's callbacks (api/state.py BaseStateCallback)
+    def host_connect_error(self, state, host, error):
+        self.failures.append((host.name, "it could not be reached"))
+
+    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
+        names = ", ".join(sorted(state.get_op_meta(op_hash).names))
+        self.failures.append((host.name, f"{names!r} failed"))
+
+    def operation_end(self, state, op_hash):
+        if SUMMARY_NAME in state.get_op_meta(op_hash).names:
+            for line in summary_lines(self, state):
+                (logger.warning if self.failures else logger.info)(line)
+
+    def decide(self, index: int, failed_hosts) -> str | None:
+        """Held (why) or None: a wave goes only while no host of the run has failed."""
+        if index not in self.decisions:
+            failed = [name for name, _ in self.failures if name in {h.name for h in failed_hosts}] or \
+                sorted(h.name for h in failed_hosts)
+            if failed:
+                first = next(((n, what) for n, what in self.failures if n == failed[0]), (failed[0], "it failed"))
+                self.decisions[index] = f"the rollout stopped before {self.plan.label(index)}: {first[0]}: {first[1]}"
+            else:
+                self.decisions[index] = None
+        return self.decisions[index]
+
+    def goes(self, index: int) -> bool:
+        return self.decisions.get(index) is None
+
+
+def rollout_of(state, plan: WavePlan) -> _Rollout:
+    handler = next((h for h in state.callback_handlers if isinstance(h, _Rollout)), None)
+    if handler is None:
+        handler = _Rollout(plan)
+        state.add_callback_handler(handler)
+        logger.info(f"--> Rolling out in {plan.describe()}")
+    return handler
+
+
+def rolling(host, state, plan: WavePlan):
+    """``for wave in waves.rolling(host, state, plan): <switch, restart, gate>``: the body runs once, in
+    the host's own wave, after that wave's barrier, its operations skipped (``_if``) when the wave is held.
+    Without a wave setting the body runs once, as if there were no waves, and no barrier is added."""
+    if not plan.rolling:
+        yield None
+        return
+    rollout = rollout_of(state, plan)
+    mine = plan.wave_of(host.name)
+    for index in host.loop(range(len(plan.waves))):
+        started(name=f"{plan.label(index)} starts", plan=plan, index=index)
+        if index == mine:
+            with host.when(lambda index=index: rollout.goes(index)):
+                yield index
+    summary(name=SUMMARY_NAME)
+
+
+@operation()
+def started(plan: WavePlan, index: int):
+    """
+    The barrier of one wave: every host has it, so the wave's operations follow the previous wave's gate.
+
+    + plan: the waves
+    + index: this wave (0 first)
+
+    When it runs it decides whether the wave goes (no host of the run has failed) or is held.
+    """
+    host, state = current_host, current_state
+    mine = plan.wave_of(host.name)
+    if not state.is_executing:
+        host.noop(f"{plan.label(mine)} switches after the waves before it pass their gates" if mine == index
+                  else f"this host is in {plan.label(mine)}")
+        return
+    held = rollout_of(state, plan).decide(index, state.failed_hosts)
+    if mine != index:
+        host.noop(f"this host is in {plan.label(mine)}")
+    elif held:
+        # said in every run's output, not only with -v (pyinfra logs noops at debug level by default)
+        logger.warning(f"{host.print_prefix}held: {held}; it keeps serving what it serves, untouched")
+        host.noop("held")
+    else:
+        logger.info(f"{host.print_prefix}{plan.label(index)}: switch, restart and readiness gate now")
+        host.noop("its wave goes")
+    return
+    yield  # an operation is a generator; this one only decides
+
+
+@operation()
+def rolled_back_with_wave(plan: WavePlan, index: int, switched, url: str, model: str, endpoint: str,
+                          budget_seconds: int, log_command, gate: readiness.Gate, rollback: readiness.Rollback,
+                          dependencies=None):
+    """
+    A host whose own gate passed goes back to its previous release when another host of its wave failed:
+    a failed wave is rolled back whole, so the fleet is the waves before it on the new release and the
+    rest on the old one.
+
+    + plan, index: the waves and this host's wave
+    + switched: the operation that switched ``current`` in this run (nothing to undo when it did not change)
+    + url, model, endpoint, budget_seconds, log_command, gate, rollback: as readiness.serving
+    """
+    host, state = current_host, current_state
+    if not state.is_executing:
+        host.noop(f"only if another host of {plan.label(index)} fails its gate")
+        return
+    failed = sorted({h.name for h in state.failed_hosts} & set(plan.waves[index]))
+    if not failed:
+        host.noop(f"every host of {plan.label(index)} passed its gate")
+        return
+    if not changed_in_this_run([switched]):
+        host.noop(f"{', '.join(failed)} of its wave failed, but this host's release did not change in this run")
+        return
+    yield FunctionCommand(_wave_put_back, (plan, index, failed, url, model, endpoint, budget_seconds, gate, rollback), {})
+
+
+def _wave_put_back(state, host, plan, index, failed, url, model, endpoint, budget_seconds, gate, rollback):
+    new = gate.meta.get("release")
+    previous = readiness.release_of(host, rollback.previous_link)
+    if not previous or previous == new:
+        host.log_styled(f"{', '.join(failed)} of its wave failed and there is no previous release to go back to",
+                        fg="red", log_func=logger.error)
+        return False
+    why = f"{', '.join(failed)} of {plan.label(index)} failed its gate: release {new} is rolled back with its wave"
+    logger.warning(f"{host.print_prefix}{why}; rolling back to release {previous}")
+    try:
+        readiness.put_back(host, url, model, budget_seconds, endpoint, gate, rollback, new, previous)
+    except OperationError as error:
+        host.log_styled(str(error), fg="red", log_func=logger.error)
+        return False
+    rollout_of(state, plan).rolled_back[host.name] = why
+    return True
+
+
+@operation()
+def summary():
+    """
+    The run's last word on the waves: every host of the plan and the release it runs, read from the hosts
+    (also those that failed) when this operation ends (``_Rollout.operation_end``).
+    """
+    current_host.noop("the hosts and their releases are read when the rollout ends")
+    return
+    yield
+
+
+def summary_lines(rollout: _Rollout, state) -> list[str]:
+    plan = rollout.plan
+    failed = dict(reversed(rollout.failures))  # host -> its first failure
+    held = [index for index in range(len(plan.waves)) if rollout.decisions.get(index)]
+    lines, serving = [], {}
+    for index, hosts in enumerate(plan.waves):
+        for name in hosts:
+            host = state.inventory.get_host(name)
+            try:
+                # a host whose read fails is said, not failed: the run's outcome is the rollout's
+                found = get_fact(state, host, fleet.HostState, kwargs={"root": plan.roots[name], "light": True},
+                                 apply_failed_hosts=False)
+                deployment = found["deployments"].get(plan.deployments[name]) or {}
+            except Exception as error:  # noqa: BLE001 - an unreachable host is said, not raised
+                lines.append(f"    wave {index + 1}: {name}: not read ({error})")
+                continue
+            service = deployment.get("service") or {}
+            running = service.get("running_release") or "nothing"
+            current = deployment.get("current") or "none"
+            serving.setdefault(running, []).append(name)
+            if name in failed:
+                what = f"failed ({failed[name]})"
+            elif name in rollout.rolled_back:
+                what = "rolled back with its wave"
+            elif index in held:
+                what = "held, untouched"
+            else:
+                what = "rolled out"
+            pid = f" (pid {service['pid']})" if service.get("pid") else ""
+            mismatch = f", but current is {current}" if current not in ("none", running) else ""
+            lines.append(f"    wave {index + 1}: {name}: runs release {running}{pid}{mismatch}: {what}")
+    if not rollout.failures:
+        head = f"--> Rollout: all {len(plan.waves)} waves rolled out"
+    else:
+        name, what = rollout.failures[0]
+        where = f"wave {plan.wave_of(name) + 1}" if name in plan.deployments else "the run"
+        kept = f"; waves {held[0] + 1}-{len(plan.waves)} were held" if held else ""
+        head = f"--> Rollout stopped in {where} of {len(plan.waves)}: {name}: {what}{kept}"
+    tail = "    " + "; ".join(f"release {release}: {', '.join(names)}" for release, names in serving.items())
+    return [head, *lines, tail]

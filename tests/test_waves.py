@@ -1,0 +1,104 @@
+"""Waves (operations/waves.py): the plan from the site's settings, and the order the real pyinfra 3.10 CLI
+runs the waves in, with a stand-in for the switch and gate (testbed/waves_deploy.py):
+each wave's switch only after the wave before it passed, and the waves after a failure held."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import run_pyinfra
+from operations import waves
+
+
+def fleet(names, deployment="kimi", **settings):
+    values = {"wave_size": None, "max_unavailable": None, "root": "/opt/heavylift", **settings}
+    return {name: SimpleNamespace(name=deployment, settings=SimpleNamespace(**values)) for name in names}
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({}, [["h1", "h2", "h3", "h4", "h5"]]),
+    ({"wave_size": 2}, [["h1", "h2"], ["h3", "h4"], ["h5"]]),
+    ({"max_unavailable": 1}, [["h1"], ["h2"], ["h3"], ["h4"], ["h5"]]),
+    ({"max_unavailable": "40%"}, [["h1", "h2"], ["h3", "h4"], ["h5"]]),  # 5 x 40% = 2
+    ({"max_unavailable": "10%"}, [["h1"], ["h2"], ["h3"], ["h4"], ["h5"]]),  # 0.5 rounds down, to at least 1
+])
+def test_waves_cut_each_deployment_in_inventory_order(settings, expected):
+    names = ["h1", "h2", "h3", "h4", "h5"]
+    plan = waves.plan_waves(fleet(names, **settings), names)
+    assert [list(wave) for wave in plan.waves] == expected
+    assert plan.rolling == bool(settings)
+
+
+def test_two_deployments_roll_side_by_side():
+    deployments = {**fleet(["a1", "a2", "a3"], "a", wave_size=1), **fleet(["b1", "b2"], "b", wave_size=2)}
+    plan = waves.plan_waves(deployments, ["a1", "b1", "a2", "b2", "a3"])
+    assert [list(w) for w in plan.waves] == [["a1", "b1", "b2"], ["a2"], ["a3"]]
+    assert plan.per_wave == {"a": 1, "b": 2}
+
+
+def test_hosts_of_one_deployment_that_disagree_are_refused_naming_both_files():
+    from models.errors import HeavyliftConfigError
+
+    deployments = {**fleet(["h1"], wave_size=1), **fleet(["h2"], wave_size=2)}
+    with pytest.raises(HeavyliftConfigError) as refused:
+        waves.plan_waves(deployments, ["h1", "h2"], origin=lambda name, key: f"group_data/{name}.py")
+    text = str(refused.value)
+    assert text.startswith("group_data/h2.py, host 'h2': field 'wave_size' is 2 here but 1 for host 'h1' (group_data/h1.py)")
+    assert "Fix: set wave_size once" in text and text.endswith("No host was changed.")
+
+
+# --- the real pyinfra CLI ---------------------------------------------------------------------------------
+# Three hosts through pyinfra's @chroot connector into this machine's own / (``chroot / sh -c ...``):
+# three names, three connections, the real CLI and its operation order, no test hosts to start. Each
+# host writes only under its own folder in tmp_path.
+
+NAMES = ("@chroot//", "@chroot//.", "@chroot///")
+
+
+@pytest.fixture()
+def bed(tmp_path):
+    inventory = tmp_path / "site.py"
+    folders = {name: tmp_path / f"host{i + 1}" for i, name in enumerate(NAMES)}
+    hosts = [(name, {"waves_dir": str(folder), "root": str(tmp_path / "root")}) for name, folder in folders.items()]
+    inventory.write_text(f"hosts = {hosts!r}\n")
+    return folders, inventory
+
+
+def switched_at(folder):
+    found = folder / "switched"
+    return [float(value) for value in found.read_text().split()] if found.exists() else []
+
+
+def test_each_wave_switches_after_the_wave_before_it_passed(bed):
+    folders, inventory = bed
+    run = run_pyinfra(inventory, "--data", "wave_size=1", deploy="testbed/waves_deploy.py")
+    assert run.returncode == 0, run.output[-4000:]
+    times = [switched_at(folders[name]) for name in NAMES]
+    assert all(len(t) == 1 for t in times), times
+    # each switch waits for the previous wave's 0.5 s switch and 0.5 s gate
+    assert times[1][0] - times[0][0] >= 1.0 and times[2][0] - times[1][0] >= 1.0, times
+    assert "--> Rolling out in 3 waves (stand-in: 1 at a time): 1: @chroot//; 2: @chroot//.; 3: @chroot///" in run.output
+    assert "--> Rollout: all 3 waves rolled out" in run.output, run.output[-3000:]
+
+
+def test_a_wave_of_two_switches_together(bed):
+    folders, inventory = bed
+    run = run_pyinfra(inventory, "--data", "max_unavailable=2", deploy="testbed/waves_deploy.py")
+    assert run.returncode == 0, run.output[-4000:]
+    times = [switched_at(folders[name])[0] for name in NAMES]
+    assert abs(times[1] - times[0]) < 0.5 and times[2] - times[1] >= 1.0, times
+
+
+def test_a_failed_wave_holds_the_waves_after_it(bed):
+    folders, inventory = bed
+    run = run_pyinfra(inventory, "--data", "wave_size=1", "--data", "waves_fail=@chroot//.", deploy="testbed/waves_deploy.py")
+    assert run.returncode != 0, run.output[-4000:]
+    assert len(switched_at(folders[NAMES[0]])) == 1 and len(switched_at(folders[NAMES[1]])) == 1
+    assert switched_at(folders[NAMES[2]]) == []  # held: its switch never ran
+    assert ("[@chroot///] held: the rollout stopped before wave 3 of 3 (@chroot///): @chroot//.: 'gate (stand-in)' "
+            "failed; it keeps serving what it serves, untouched") in run.output, run.output[-4000:]
+    assert "--> Rollout stopped in wave 2 of 3: @chroot//.: 'gate (stand-in)' failed; waves 3-3 were held" in run.output
+    for line in ("wave 1: @chroot//: runs release nothing: rolled out",
+                 "wave 2: @chroot//.: runs release nothing: failed ('gate (stand-in)' failed)",
+                 "wave 3: @chroot///: runs release nothing: held, untouched"):
+        assert line in run.output, run.output[-3000:]
