@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from operations import checkpoint, runtime, weights
 
-from . import compat, lockfile, vllm_build
+from . import compat, lockfile, nodes, vllm_build
 from .features import config_repo, model_features
 from operations.gpu import GpuInventory
 from .layout import Layout
@@ -334,8 +334,10 @@ def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> d
 
 def make_plan(
     deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None, origin=None,
+    role: nodes.NodeRole | None = None,
 ) -> Plan:
-    """``origin(key)``: the file that set a site key (deploy.py's data_origin), named in refusals."""
+    """``origin(key)``: the file that set a site key (deploy.py's data_origin), named in refusals.
+    ``role``: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own."""
     settings, entry = deployment.settings, deployment.entry
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
     endpoint = settings.hf_endpoint
@@ -348,7 +350,7 @@ def make_plan(
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
     build = resolve_build(deployment, host_name, origin)
     vllm = settings.vllm.model_copy(update={"version": build.version})
-    resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry))
+    resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry, role))
     if resolution.refusal is not None:
         refusal = resolution.refusal
         message = f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}"
@@ -371,7 +373,10 @@ def make_plan(
 
     serve = entry.serve
     served_name = serve.served_model_name or entry.hub.repo
-    args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
+    if role is not None and not role.is_leader:
+        args = nodes.worker_command(layout.active_venv, vllm.package, layout.overlay)
+    else:
+        args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
     args += ["--served-model-name", served_name, "--host", settings.bind_address, "--port", str(settings.port)]
     args += ["--tensor-parallel-size", str(settings.tensor_parallel_size or serve.tensor_parallel_size)]
     max_len = settings.max_model_len or serve.max_model_len
@@ -382,12 +387,16 @@ def make_plan(
     if serve.kv_cache_dtype:
         args += ["--kv-cache-dtype", serve.kv_cache_dtype]
     args += list(serve.extra_args) + list(settings.extra_args) + list(resolution.args)
+    if role is not None:
+        args += role.launcher_args()
 
     # vLLM reads everything from the overlay: no Hub calls at start-up
     env = {"HF_HUB_OFFLINE": "1", **serve.env, **settings.env}
     for key in resolution.removed_env:
         env.pop(key, None)
     env.update(resolution.env)
+    if role is not None:
+        env.update(role.launcher_env())
     probe_host = "127.0.0.1" if settings.bind_address in ("0.0.0.0", "::", "127.0.0.1") else settings.bind_address
     public_host = host_name if settings.bind_address in ("0.0.0.0", "::") else settings.bind_address
     return Plan(
