@@ -17,11 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 
 from models.errors import HeavyliftConfigError
 from models.schema import SLUG
 from operations import fleet, hostlock, retire
+from resolve.context import RunContext
 
 ROOT = host.data.get("root") or "/opt/heavylift"
 name = host.data.get("retire")
@@ -41,5 +42,5 @@ plan = retire.plan_retire(found, name)
 for line in plan.lines():
     logger.info(f"{host.print_prefix}{line}")
 
-hostlock.take(host, f"{ROOT}/deploy.lock", dry="--dry" in sys.argv)
+hostlock.take(host, f"{ROOT}/deploy.lock", dry=RunContext.of_pyinfra(state, host).dry)
 retire.retired(name=f"retire deployment {name}", plan=plan)

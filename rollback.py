@@ -19,15 +19,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 
 from models.errors import HeavyliftConfigError
 from models.validate import COMMAND_KEYS, DataSources, load_deployment, origin_of
 from operations import fleet, hostlock, readiness, release, supervisor
+from resolve.context import RunContext
 from resolve.layout import Layout
 
 COMMAND_KEYS.add("release")
-deployment = load_deployment(host)
+context = RunContext.of_pyinfra(state, host)
+sources = DataSources.of_run(context)
+deployment = load_deployment(host, sources=sources)
 settings = deployment.settings
 layout = Layout(settings.root, deployment.name, settings.uv_cache_dir)
 
@@ -35,13 +38,13 @@ found = host.get_fact(fleet.HostState, root=settings.root)
 try:
     target = fleet.rollback_target(found, deployment.name, host.data.get("release"))
 except fleet.NoRollbackTarget as problem:
-    where = origin_of(host, "release", DataSources.from_cli()).label if host.data.get("release") else "rollback.py"
+    where = origin_of(host, "release", sources).label if host.data.get("release") else "rollback.py"
     raise HeavyliftConfigError(f"{where}, host '{host.name}': {problem} No host was changed.") from None
 was = found["deployments"][deployment.name]["current"]
 logger.info(f"{host.print_prefix}rollback of {deployment.name}: release {was} -> {target['id']} "
             f"({target['model']}, {target['vllm']})")
 
-hostlock.take(host, layout.lock, dry="--dry" in sys.argv)
+hostlock.take(host, layout.lock, dry=context.dry)
 switched = release.current(
     name=f"current release {target['id']} (rollback)", deployment_dir=layout.deployment_dir, release=target["id"],
     keep=len(found["deployments"][deployment.name]["releases"]) + 2,  # a rollback removes no release

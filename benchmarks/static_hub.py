@@ -28,8 +28,9 @@ from urllib.parse import unquote, urlparse
 
 
 class StaticHub:
-    def __init__(self, folder: Path, repo: str, commit: str | None = None, port: int = 0):
-        self.folder, self.repo = Path(folder), repo
+    def __init__(self, folder: Path, repo: str, commit: str | None = None, port: int = 0, token: str | None = None):
+        # token: a gated repository, as the Hub answers without access (401, X-Error-Code GatedRepo)
+        self.folder, self.repo, self.token = Path(folder), repo, token
         self.files = {}
         self.served: dict[str, int] = {}
         self.ranges: list[tuple[str, str]] = []
@@ -68,6 +69,13 @@ class StaticHub:
 
             def answer(self, send_body):
                 path = unquote(urlparse(self.path).path)
+                if hub.token is not None and self.headers.get("Authorization") != f"Bearer {hub.token}":
+                    self.send_response(401)
+                    self.send_header("X-Error-Code", "GatedRepo")
+                    self.send_header("X-Error-Message", f"Access to model {hub.repo} is restricted.")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if re.fullmatch(rf"/api/models/{re.escape(hub.repo)}/revision/[^/]+", path):
                     return self.json({"id": hub.repo, "sha": hub.commit}, send_body)
                 if path.startswith(f"/api/models/{hub.repo}/tree/{hub.commit}"):

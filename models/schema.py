@@ -518,6 +518,11 @@ class SiteSettings(Strict):
     )
     download_tries: int = Field(default=5, ge=1, le=100, description="download attempts (stalls and failures) before the run fails")
     refresh_lock: bool = Field(default=False, description="re-resolve moving references (Hub branches) into the lock file")
+    until: Literal["prepare", "serve"] = Field(
+        default="serve",
+        description="how far a run goes (a run option: --data until=prepare): prepare converges the runtime, weights "
+        "and overlay and stages the release folder without switching current, restarting or gating; serve does all",
+    )
     keep_venvs: int = Field(
         default=3, ge=1, le=50,
         description="vLLM venvs kept on the host for rollback (newest first); the active one and any a deployment links are never removed",

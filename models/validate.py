@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import os
-import sys
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -98,6 +97,7 @@ SITE_HINTS: dict[str, str] = {
     "need 3600 or more)",
     "download_workers": "set download_workers to a number of parallel downloads between 1 and 64",
     "refresh_lock": "set refresh_lock to True or False",
+    "until": 'give until as "prepare" (stage the release, no switch, no restart) or "serve" (the default), e.g. --data until=prepare',
     "disk_margin_gb": "set disk_margin_gb to the GB to keep free beyond the download (a number, 0 or more; default 20)",
     "download_stall_seconds": "set download_stall_seconds to the seconds without a byte after which a download is restarted (1 or more; default 300)",
     "download_tries": "set download_tries to the download attempts before the run fails (1-100; default 5)",
@@ -177,27 +177,10 @@ class DataSources:
         return cls(cwd=base, inventory_file=inventory if inventory and inventory.is_file() else None, group_data_dirs=tuple(dirs))
 
     @classmethod
-    def from_cli(cls) -> DataSources | None:
-        """The sources of the running pyinfra CLI command (None outside the CLI).
-
-        The CLI keeps no record of the inventory path, so the command line is parsed again
-        with pyinfra's own click command; ``state.cwd`` is the folder after ``--chdir``,
-        where pyinfra opened the inventory.
-        """
-        import pyinfra
-
-        if not getattr(pyinfra, "is_cli", False):
-            return None
-        try:
-            from pyinfra.context import ctx_state, state
-            from pyinfra_cli.cli import cli
-
-            ctx = cli.make_context("pyinfra", list(sys.argv[1:]), resilient_parsing=True)
-            params = ctx.params
-            cwd = state.cwd if ctx_state.isset() and state.cwd else os.getcwd()
-            return cls.for_inventory(params.get("inventory"), cwd, tuple(params.get("group_data") or ()))
-        except Exception:
-            return None
+    def of_run(cls, context) -> DataSources:
+        """The sources of a run (resolve/context.py RunContext: the folder pyinfra ran in, the inventory
+        file, --group-data), in pyinfra 3.10's load order."""
+        return cls.for_inventory(context.inventory, context.cwd, tuple(str(d) for d in context.group_data))
 
     # ------------------------------------------------------------ lookups
 
@@ -467,7 +450,7 @@ def validate_hosts(
     """
     catalog = _Catalog(catalog_folder(catalog_dir))
     if sources is None:
-        sources = DataSources.from_cli()
+        sources = _sources_of_this_run()
     deployments: dict[str, Deployment] = {}
     problems: list[str] = []
     unsupported: dict[str, list[tuple[Host, Origin]]] = {}
@@ -482,6 +465,18 @@ def validate_hosts(
     for name, users in unsupported.items():
         problems.append(_unsupported(name, users, catalog, sources, gpus_of))
     return deployments, problems
+
+
+def _sources_of_this_run() -> DataSources | None:
+    """The running pyinfra CLI's sources (None outside the CLI: API use, tests)."""
+    import pyinfra
+
+    if not getattr(pyinfra, "is_cli", False):
+        return None
+    from pyinfra import state
+    from resolve.context import RunContext
+
+    return DataSources.of_run(RunContext.of_pyinfra(state))
 
 
 _RESULTS: weakref.WeakKeyDictionary[Inventory, dict[str, tuple[dict[str, Deployment], list[str]]]] = weakref.WeakKeyDictionary()

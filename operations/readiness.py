@@ -20,6 +20,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
+from .release import link_switch
 from .service import changed_in_this_run
 
 PROBE_SCRIPT = "readiness_probe.py"
@@ -153,11 +154,7 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
     # put the previous release back: the same atomic link switch that installed the new one
     logger.warning(f"{host.print_prefix}release {failed} failed its readiness gate; rolling back to release {previous}")
     back = f"{rollback.releases_dir}/{previous}"
-    for command in (
-        StringCommand("ln", "-sfn", QuoteString(back), QuoteString(rollback.current_link + ".new")),
-        StringCommand("mv", "-T", QuoteString(rollback.current_link + ".new"), QuoteString(rollback.current_link)),
-        *rollback.restart,
-    ):
+    for command in (*link_switch(rollback.current_link, back), *rollback.restart):
         ok, output = host.run_shell_command(command)
         if not ok:
             raise OperationError(f"{failure}\nRollback to release {previous} failed at `{command}`: {output.stderr}")

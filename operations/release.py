@@ -10,34 +10,22 @@ runs, ``previous`` to the one before it. Older releases are removed, the last KE
 from __future__ import annotations
 
 import posixpath
-import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from resolve.layout import spec_id
-from resolve.plan import argument_lines
+from resolve.launcher import HERE, launcher_lines, release_id  # noqa: F401 (planned in resolve/)
 
 KEEP = 3
-HERE = '"$HERE"'  # the launcher's own folder, resolved when it runs (templates/serve.sh.j2)
 
 
-def release_id(venv: str, launcher_text: str, overlay: dict) -> str:
-    return spec_id({"venv": venv, "launcher": launcher_text, "overlay": overlay})
-
-
-def _word(arg: str, folders: dict[str, str]) -> str:
-    for folder, name in folders.items():
-        if arg == folder or arg.startswith(folder + "/"):
-            return HERE + "/" + shlex.quote(name + arg[len(folder):])
-    return shlex.quote(arg)
-
-
-def launcher_lines(args: list[str], folders: dict[str, str]) -> list[str]:
-    """Shell-quoted arguments, one option with its values per line (as plan.argument_lines), with
-    the staging folders' paths made relative to the launcher's own folder: the same text runs
-    from the staging folder and from any release folder."""
-    return argument_lines(args, word=lambda arg: _word(arg, folders))
+def link_switch(link: str, target: str) -> list[StringCommand]:
+    """``link`` -> ``target`` by ln + rename: the link is never missing, even for a moment. The one switch
+    of a release going live (``current``), of ``previous``, and of a failed gate's rollback (readiness.py)."""
+    return [
+        StringCommand("ln", "-sfn", QuoteString(target), QuoteString(link + ".new")),
+        StringCommand("mv", "-T", QuoteString(link + ".new"), QuoteString(link)),
+    ]
 
 
 class ReleaseLinks(FactBase):
@@ -105,11 +93,8 @@ def current(deployment_dir: str, release: str, keep: int = KEEP):
         return
     cur, prev = posixpath.join(deployment_dir, "current"), posixpath.join(deployment_dir, "previous")
     if links["current"]:
-        yield StringCommand("ln", "-sfn", QuoteString(f"releases/{links['current']}"), QuoteString(prev + ".new"))
-        yield StringCommand("mv", "-T", QuoteString(prev + ".new"), QuoteString(prev))
-    # ln + rename: current is never missing, even for a moment
-    yield StringCommand("ln", "-sfn", QuoteString(f"releases/{release}"), QuoteString(cur + ".new"))
-    yield StringCommand("mv", "-T", QuoteString(cur + ".new"), QuoteString(cur))
+        yield from link_switch(prev, f"releases/{links['current']}")
+    yield from link_switch(cur, f"releases/{release}")
     protected = {release, links["current"]}
     kept = [r for r in links["releases"] if r not in protected][: max(0, keep - len([p for p in protected if p]))]
     for old in links["releases"]:

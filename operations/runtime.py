@@ -627,17 +627,17 @@ def shell_join(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
-def vllm_runtime(deployment, layout, build, venv_plan):
-    """Section 3 of deploy.py for vLLM: the build's venv beside the active one, checked, then the switch.
+def vllm_runtime(layout, part):
+    """The vLLM build's venv beside the active one, checked, then the switch (``part``: resolve/plan.py RuntimePart).
 
     Returns (venv operation, link operation) for restart-on-change. Used by deploy.py and by the
     runtime-only deploy of the end-to-end tests, so both run the same operations.
     """
-    settings = deployment.settings
+    build, venv_plan = part.build, part.vllm_venv
     previous = host.get_fact(VllmRuntimeState, link=layout.active_venv)
     log_build_change(build, venv_plan, previous, host.get_fact(CompleteVenv, path=venv_plan.path))
-    if settings.vllm.wheelhouse_upload:
-        files.sync(name="wheelhouse (uploaded)", src=settings.vllm.wheelhouse_upload, dest=settings.vllm.wheelhouse)
+    if part.wheelhouse_upload:
+        files.sync(name="wheelhouse (uploaded)", src=part.wheelhouse_upload, dest=part.wheelhouse)
     # a new build goes into its own folder beside the active one; the link below switches only after
     # it is installed, patched and checked (a failure stops this host before the switch)
     venv_op = venv(
@@ -647,12 +647,12 @@ def vllm_runtime(deployment, layout, build, venv_plan):
     )
     link_op = files.link(name="active vLLM venv", path=layout.active_venv, target=venv_plan.path)
     venvs_pruned(
-        name=f"old vLLM venvs (keep {settings.keep_venvs})",
+        name=f"old vLLM venvs (keep {part.keep_venvs})",
         venvs_dir=layout.venvs_dir, deployments_dir=layout.deployments_dir,
-        prefixes=VLLM_VENV_PREFIXES, keep=settings.keep_venvs,
+        prefixes=VLLM_VENV_PREFIXES, keep=part.keep_venvs,
         # the build this run activates and the one it replaces (the rollback target)
         protect=[venv_plan.path, *([previous["venv"]] if previous else [])],
         # heavylift's own uv cache only: a cache the site shares (uv_cache_dir) is the site's to prune
-        uv_path=layout.uv, uv_cache=None if settings.uv_cache_dir else layout.uv_cache,
+        uv_path=layout.uv, uv_cache=layout.uv_cache if part.prune_uv_cache else None,
     )
     return venv_op, link_op

@@ -11,11 +11,8 @@ temporary file: pyinfra 3.10 connectors/ssh.py put_file), and a pyinfra ``-vvv``
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
 import shlex
-import stat
-from pathlib import Path
 
 from pydantic import SecretStr
 from pyinfra import host, logger, state
@@ -23,59 +20,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import Sha256File
 
-# setting -> the environment variable vLLM and huggingface_hub read
-# HF_TOKEN: huggingface_hub (constants.py, also read by vLLM's downloads);
-# VLLM_API_KEY: vLLM 0.32 vllm/envs.py, used by entrypoints/serve/middleware/register.py when
-# --api-key is not given (so the key stays out of argv)
-SECRET_ENV = {"hf_token": "HF_TOKEN", "api_key": "VLLM_API_KEY"}
-
-
-class SecretSourceError(ValueError):
-    """A secret the inventory names cannot be read on the control machine."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.field = field
-
-
-def read_secret(field: str, source: str, cwd: str | os.PathLike | None = None) -> SecretStr:
-    kind, _, where = source.partition(":")
-    if kind == "env":
-        value = os.environ.get(where)
-        if not value:
-            raise SecretSourceError(
-                f"field {field!r}: the environment variable {where} is not set on the control machine. "
-                f"Fix: export {where}=... before running pyinfra, or point {field} at a file (\"file:/path\").", field
-            )
-    else:
-        path = Path(where).expanduser()
-        if not path.is_absolute():
-            path = Path(cwd or os.getcwd()) / path
-        try:
-            value = path.read_text(encoding="utf-8").strip()
-            mode = path.stat().st_mode
-        except OSError as error:
-            raise SecretSourceError(
-                f"field {field!r}: cannot read {path} on the control machine ({error.strerror}). "
-                f"Fix: create it with the secret on one line (chmod 600), or point {field} at another file.", field
-            ) from None
-        if not value:
-            raise SecretSourceError(f"field {field!r}: {path} is empty. Fix: put the secret in it on one line.", field)
-        if mode & stat.S_IROTH:
-            logger.warning(f"{field}: {path} is readable by every user of the control machine (chmod 600 it)")
-    if any(c.isspace() for c in value):
-        raise SecretSourceError(f"field {field!r}: the secret from {source} contains whitespace. Fix: one token, one line.", field)
-    return SecretStr(value)
-
-
-def resolve(settings, cwd: str | os.PathLike | None = None) -> dict[str, SecretStr]:
-    """Environment variable name -> secret, for every secret the settings name."""
-    found = {}
-    for field, env_name in SECRET_ENV.items():
-        source = getattr(settings, field)
-        if source:
-            found[env_name] = read_secret(field, source, cwd)
-    return found
+from resolve.secrets import SECRET_ENV, SecretSourceError, read_secret, resolve  # noqa: F401 (read on the control side)
 
 
 def render_env_file(template: str, deployment: str, secrets: dict[str, SecretStr]) -> str:

@@ -1,19 +1,25 @@
-"""The supervisor of a deployment's vLLM, as the operator commands (rollback.py, retire.py) drive it:
-systemd where the host runs it and the deployment has its unit, else the start-stop-daemon fallback.
+"""The supervisor of a deployment's vLLM: systemd where the host runs it (or the site says so), else the
+start-stop-daemon fallback.
 
-deploy.py builds the same restart commands, log command and process source inline (section 6);
-these use operations/service.py's own builders so both paths run the same commands.
+One place owns unit-or-daemon, the restart and stop commands, the log command and the pid source, for
+deploy.py (operations/rollout.py ``service_running``) and the operator commands (rollback.py, retire.py)
+alike; the commands themselves are operations/service.py's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import files
 
 from . import service
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,42 @@ class Supervisor:
     stop: tuple  # StringCommands: stop and keep stopped (systemd: also disable)
     log_command: StringCommand  # the last 40 lines of the service's log
     pid_source: str  # for the readiness probe: "systemd:UNIT" or "pidfile:PATH"
+
+    def converged(self, plan, dependencies: list[OperationMeta]) -> OperationMeta:
+        """The service of ``plan`` (resolve/plan.py) running its current release, restarted only when one of
+        ``dependencies`` changed (or it runs another release than current)."""
+        layout, part = plan.layout, plan.service
+        if self.manager == "systemd":
+            unit_file = files.template(
+                name="systemd unit",
+                src=str(TEMPLATES / "vllm.service.j2"),
+                dest=layout.unit_path,
+                deployment=plan.deployment,
+                repo=plan.weights.snapshot.repo,
+                commit=plan.weights.snapshot.commit,
+                service_user=part.user,
+                env_file=layout.env_file,
+                launcher=layout.service_launcher,
+                probe_script=layout.probe_script,
+                health_url=plan.gate.url,
+                timeout_start=part.start_timeout,
+                timeout_stop=part.stop_grace,
+                restart_sec=part.restart_delay,
+                restart_backoff=host.get_fact(service.SystemdVersion) >= service.RESTART_BACKOFF_SINCE,
+                restart_max_delay=part.restart_max_delay,
+                limit_nofile=part.limit_nofile,
+            )
+            return service.systemd_unit(
+                name=f"service {layout.unit_name}", unit=layout.unit_name,
+                dependencies=[*dependencies, unit_file], unit_file_op=unit_file,
+                release=plan.release.id, releases_dir=layout.releases,
+            )
+        return service.daemon(
+            name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
+            pidfile=layout.pidfile, logfile=layout.logfile, dependencies=dependencies,
+            grace_seconds=part.stop_grace, user=part.user, home=layout.service_home,
+            release=plan.release.id, releases_dir=layout.releases,
+        )
 
 
 def of(layout, manager: str, user: str, stop_grace: int) -> Supervisor:

@@ -23,62 +23,23 @@ remove, and a margin: a download that cannot fit fails before it starts.
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import json
 import posixpath
 import re
 import shlex
 from dataclasses import dataclass
-from functools import lru_cache
 from io import StringIO
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
+from resolve.hub import HubFile, Snapshot, matches  # noqa: F401 (what the operations take)
+
 # the scripts heavylift uploads and runs on the host, from this folder of the repo
 SCRIPTS_DIR = posixpath.join(posixpath.dirname(__file__), "scripts")
 HOST_SCRIPTS = ("fetch_weights.py", "verify_weights.py")
-
-
-@dataclass(frozen=True)
-class HubFile:
-    path: str
-    size: int
-    sha256: str | None  # the Hub's LFS sha256 where it gives one
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    repo: str
-    commit: str
-    files: tuple[HubFile, ...]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-
-def matches(path: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatch(path, pattern) for pattern in patterns)
-
-
-@lru_cache(maxsize=None)
-def list_snapshot(repo: str, commit: str, endpoint: str | None, patterns: tuple[str, ...]) -> Snapshot:
-    """The files of a pinned commit that the deployment needs, with sizes and LFS hashes."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
-
-    api = HfApi(endpoint=endpoint)
-    found = []
-    for item in api.list_repo_tree(repo, revision=commit, recursive=True):
-        if isinstance(item, RepoFile) and matches(item.path, list(patterns)):
-            sha = item.lfs.sha256 if item.lfs else None
-            found.append(HubFile(item.path, item.size, sha))
-    if not found:
-        raise ValueError(f"{repo}@{commit} has no files matching {list(patterns)}")
-    return Snapshot(repo, commit, tuple(sorted(found, key=lambda f: f.path)))
 
 
 CHECK_MANIFEST = r"""

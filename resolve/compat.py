@@ -30,7 +30,7 @@ from packaging.version import Version
 from models.schema import ConfigPatch, JsonPatch
 
 from .features import KV_CACHE_DECLARATIONS, ModelFeatures
-from operations.gpu import GpuInventory
+from .gpus import GpuInventory
 
 # ---------------------------------------------------------------- what the site asks for
 
@@ -85,8 +85,10 @@ class Requested:
         return {"half": "float16", "float": "float32"}.get(value, value)
 
     @classmethod
-    def from_deployment(cls, settings, entry, role=None) -> Requested:
-        """From validated site settings (SiteSettings) and the catalog entry (CatalogEntry).
+    def from_deployment(cls, settings, entry, tensor_parallel_size: int | None = None, role=None) -> Requested:
+        """From validated site settings (SiteSettings) and the catalog entry (CatalogEntry);
+        ``tensor_parallel_size``: the deployment's (models/validate.py Deployment, worked out once there);
+        ``role``: this host's part in a multi-node group (resolve/nodes.py NodeRole), None on its own.
 
         Flags given as arguments (catalog serve.extra_args, then the site's extra_args) override the
         catalog's serve.* fields, as vLLM's own parser would: the last one wins.
@@ -95,7 +97,7 @@ class Requested:
         memory = flag_value(args, "--gpu-memory-utilization")
         return cls(
             vllm_package=settings.vllm.package,
-            tensor_parallel_size=settings.tensor_parallel_size or entry.serve.tensor_parallel_size,
+            tensor_parallel_size=tensor_parallel_size or settings.tensor_parallel_size or entry.serve.tensor_parallel_size,
             kv_cache_dtype=flag_value(args, "--kv-cache-dtype") or entry.serve.kv_cache_dtype,
             attention_backend=flag_value(args, "--attention-backend"),
             dtype=flag_value(args, "--dtype") or entry.serve.dtype,
@@ -1267,7 +1269,7 @@ def rules_markdown(rules: tuple[Rule, ...] = RULES) -> str:
         "",
         "Generated from `resolve/compat.py` (`RULES`) by `python -m resolve.compat --markdown`;",
         "a test fails when this file and the table differ. Each rule is a condition over the host's GPUs",
-        "(`operations/gpu.py`), the checkpoint's features (`resolve/features.py`), the vLLM build and what",
+        "(`resolve/gpus.py`), the checkpoint's features (`resolve/features.py`), the vLLM build and what",
         "the site asked for, and an outcome: a patch of the checkpoint configs (rendered into the overlay),",
         "vLLM arguments, environment changes, extra packages, a warning, a note, or a refusal with its fix.",
         "",

@@ -10,38 +10,12 @@ host data (or ``--data refresh_lock=true``) resolves again. Dry runs resolve but
 from __future__ import annotations
 
 import json
-import os
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from models.errors import HeavyliftConfigError
 
 PUBLIC_HUB = "https://huggingface.co"
-
-
-def is_dry_run() -> bool:
-    # pyinfra keeps --dry in its CLI and does not tell the deploy code
-    return "--dry" in sys.argv
-
-
-def inventory_path() -> Path | None:
-    """The inventory file named on the pyinfra command line."""
-    deploy_names = {"deploy.py"}
-    for arg in sys.argv[1:]:
-        if arg.endswith(".py") and Path(arg).name not in deploy_names and Path(arg).is_file():
-            return Path(arg).resolve()
-    return None
-
-
-def lock_path() -> Path:
-    override = os.environ.get("HEAVYLIFT_LOCK_FILE")
-    if override:
-        return Path(override)
-    inventory = inventory_path()
-    if inventory is None:
-        return Path.cwd() / "heavylift.lock.json"
-    return inventory.with_suffix(".lock.json")
 
 
 class LockFileError(HeavyliftConfigError):
@@ -65,8 +39,11 @@ def _entries(path: Path, text: str) -> dict[str, dict]:
 
 
 class LockFile:
-    def __init__(self, path: Path):
+    """The lock file of one run (``RunContext.lock_file``); a dry run (``dry``) resolves but never writes."""
+
+    def __init__(self, path: Path, dry: bool = False):
         self.path = path
+        self.dry = dry
         self.entries: dict[str, dict] = {}
         if path.exists():
             self.entries = _entries(path, path.read_text())
@@ -76,7 +53,7 @@ class LockFile:
 
     def record(self, key: str, value: dict) -> None:
         self.entries[key] = value
-        if is_dry_run():
+        if self.dry:
             return
         document = {
             "comment": "written by heavylift: moving references resolved to exact ones; commit this file",
@@ -87,21 +64,12 @@ class LockFile:
         partial.replace(self.path)
 
 
-_locks: dict[Path, LockFile] = {}
-
-
-def current_lock() -> LockFile:
-    path = lock_path()
-    if path not in _locks:
-        _locks[path] = LockFile(path)
-    return _locks[path]
-
-
-def hub_commit(repo: str, revision: str, endpoint: str | None, refresh: bool) -> str:
-    """The commit a Hub revision stands for: itself when pinned, else from the lock or the Hub."""
+def hub_commit(lock: LockFile, hub, repo: str, revision: str, refresh: bool) -> str:
+    """The commit a Hub revision stands for: itself when pinned, else from the lock or the Hub
+    (``hub``: resolve.hub.Hub, the site's endpoint and token)."""
     if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
         return revision
-    lock = current_lock()
+    endpoint = hub.endpoint
     key = f"hub {endpoint or PUBLIC_HUB} {repo}@{revision}"
     entry = lock.get(key)
     if entry and not refresh:
@@ -112,9 +80,7 @@ def hub_commit(repo: str, revision: str, endpoint: str | None, refresh: bool) ->
                 f"{lock.path.name} from version control, or delete it to resolve every reference again. No host was changed."
             )
         return commit
-    from huggingface_hub import HfApi
-
-    commit = HfApi(endpoint=endpoint).model_info(repo, revision=revision).sha
+    commit = hub.commit(repo, revision)
     if entry is None or entry["commit"] != commit:
         lock.record(key, {"commit": commit, "resolved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     return commit

@@ -112,7 +112,8 @@ class Member:
     settings: object  # models.schema.SiteSettings
     deployment: str
     ssh_hostname: str | None = None
-    origin: str = "the inventory"  # the file that set its `multinode` (named in errors)
+    origin: str = "the inventory"
+    tensor_parallel_size: int = 1  # the deployment's (the site's, else the catalog entry's)  # the file that set its `multinode` (named in errors)
 
 
 def _address(member: Member) -> str:
@@ -144,7 +145,7 @@ def group_roles(members: list[Member]) -> dict[str, NodeRole]:
                 address=_address(member),
                 leader_address=_address(leader),
                 master_port=multinode.master_port,
-                tensor_parallel_size=member.settings.tensor_parallel_size or 1,
+                tensor_parallel_size=member.tensor_parallel_size,
                 pipeline_parallel_size=multinode.pipeline_parallel_size,
                 interface=multinode.interface,
             )
@@ -202,7 +203,7 @@ def _group_problems(deployment: str, group: list[Member]) -> list[str]:
                 "(vLLM's own multi-node launch, vLLM 0.11.1 or later). No host was changed."
             )
             break
-    tp = reference.settings.tensor_parallel_size or 1
+    tp = reference.tensor_parallel_size
     pp = reference.settings.multinode.pipeline_parallel_size
     if (tp * pp) % len(group):
         problems.append(
@@ -212,6 +213,19 @@ def _group_problems(deployment: str, group: list[Member]) -> list[str]:
             "GPUs per node and pipeline_parallel_size = the node count. No host was changed."
         )
     return problems
+
+
+_ROLES: dict[int, tuple[object, dict[str, NodeRole]]] = {}
+
+
+def role_of(host, load_deployment, origin) -> NodeRole | None:
+    """This host's NodeRole (None: it serves on its own); the group plan is made once per inventory and run."""
+    key = id(host.inventory)
+    cached = _ROLES.get(key)
+    if cached is None or cached[0] is not host.inventory:
+        cached = (host.inventory, group_roles(members_of(host, load_deployment, origin)))
+        _ROLES[key] = cached
+    return cached[1].get(host.name)
 
 
 def local_world_size(role: NodeRole) -> int:
@@ -224,7 +238,11 @@ def members_of(host, load_deployment, origin) -> list[Member]:
 
     ``load_deployment(host)``: models.validate.load_deployment; ``origin(host, key)``: the file a key came from."""
     members = []
-    for other in host.inventory.iter_active_hosts():
+    try:  # the hosts of this run (pyinfra's --limit leaves some out: then the group is refused as incomplete)
+        active = set(host.inventory.get_active_hosts())
+    except AttributeError:  # an inventory without a pyinfra State (API use): all of it
+        active = set(host.inventory)
+    for other in [h for h in host.inventory if h in active] or [host]:
         deployment = load_deployment(other)
         members.append(
             Member(
@@ -233,6 +251,7 @@ def members_of(host, load_deployment, origin) -> list[Member]:
                 deployment=deployment.name,
                 ssh_hostname=other.data.get("ssh_hostname"),
                 origin=origin(other, "multinode"),
+                tensor_parallel_size=deployment.tensor_parallel_size,
             )
         )
     return members

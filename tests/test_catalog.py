@@ -12,7 +12,7 @@ from models import HeavyliftConfigError, list_entries, load_deployment, load_ent
 from models.catalog import DEFAULT_CATALOG, ENTRY_NAME
 from models.schema import CatalogEntry
 from models.validate import DataSources
-from operations.checkpoint import apply_patch
+from resolve.overlay import apply_patch
 
 REPO = Path(__file__).resolve().parent.parent
 CATALOG_FILES = sorted(DEFAULT_CATALOG.glob("*.yaml"))

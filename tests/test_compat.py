@@ -12,7 +12,7 @@ import pytest
 
 from models.catalog import load_entry
 from models.schema import SiteSettings
-from operations.checkpoint import apply_patch
+from resolve.overlay import apply_patch
 from resolve.compat import (
     RULES,
     RULES_BY_ID,

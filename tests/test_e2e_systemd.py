@@ -136,7 +136,9 @@ def test_first_run_finds_systemd_and_serves_from_the_unit(site):
     assert refused.value.code == 401
     env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")
     assert oct(env_file.stat().st_mode & 0o777) == "0o600" and oct(env_file.parent.stat().st_mode & 0o777) == "0o700"
-    assert API_KEY in env_file.read_text() and HF_TOKEN in env_file.read_text()
+    # vLLM runs offline from the overlay: the HF token is only the download's (private/hub.token)
+    assert API_KEY in env_file.read_text() and HF_TOKEN not in env_file.read_text()
+    assert host.path(f"{DEPLOYMENT_DIR}/private/hub.token").read_text() == HF_TOKEN + "\n"
     # at umask 077 everything root made was private: opened to the service user, the secrets not
     assert first.operation_results()["readable by the service user"][1] != "-", first.output[-4000:]
     assert host.run(["stat", "-c", "%a", ROOT, f"{ROOT}/deployments", f"{ROOT}/venvs"]).stdout.split() == ["755"] * 3

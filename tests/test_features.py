@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from models.catalog import load_entry
-from operations.checkpoint import apply_patch
+from resolve.overlay import apply_patch
 from resolve.compat import STRIP_KV_CACHE_QUANT
 from resolve.features import KV_CACHE_DECLARATIONS, config_repo, dotted_get, model_features, text_config
 from testbed import tiny_model

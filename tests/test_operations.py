@@ -18,7 +18,8 @@ from pyinfra.api import OperationError, StringCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from operations import checkpoint, readiness, runtime, service
-from operations.checkpoint import FolderLinks, PatchError, apply_patch
+from operations.checkpoint import FolderLinks
+from resolve.overlay import PatchError, apply_patch
 from operations.runtime import CompleteVenv
 
 PROBE_SCRIPT = __import__("pathlib").Path(readiness.__file__).parent / "scripts" / readiness.PROBE_SCRIPT

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from models.errors import HeavyliftConfigError
 from models.schema import SiteSettings
 from operations import hostlock, release, secrets, service
-from operations.gpu import GpuInventory
+from resolve.gpus import GpuInventory
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 

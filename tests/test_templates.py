@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.util import get_template
 
-from operations.checkpoint import apply_patch, render_json
+from resolve.overlay import apply_patch, render_json
 from resolve.plan import argument_lines, quoted
 from operations.release import launcher_lines
 

@@ -182,8 +182,7 @@ def test_latest_nightly_is_recorded_and_read_back(index, pypi, tmp_path, monkeyp
 
 
 def test_latest_nightly_dry_run_writes_no_lock(index, pypi, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["pyinfra", "site.py", "deploy.py", "--dry"])
-    lock = lockfile.LockFile(tmp_path / "site.lock.json")
+    lock = lockfile.LockFile(tmp_path / "site.lock.json", dry=True)  # RunContext.dry: pyinfra ... --dry
     assert vllm_build.resolve(request(nightly="latest", wheel_index=index.url), lock=lock).commit == NEW
     assert not (tmp_path / "site.lock.json").exists()
 

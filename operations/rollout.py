@@ -1,0 +1,267 @@
+"""The rollout's stages, one function each, each taking its part of the plan (resolve/plan.py).
+
+deploy.py calls them in order. They are plain functions, not pyinfra ``@deploy`` sub-deploys:
+``@deploy`` prefixes the name of every operation inside it with the deploy's name (pyinfra 3.10
+api/host.py ``Host.deploy``: ``f"{current_deploy_name} | {name}"``), which would rename every line of
+the results table operators and the tests read.
+
+Every stage only reads the plan; the host's facts it reads are those its operations need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from io import StringIO
+from pathlib import Path
+
+from pydantic import SecretStr
+from pyinfra import host, logger, state
+from pyinfra.operations import files, server
+from pyinfra.operations.util.files import generate_color_diff
+
+from models.errors import HeavyliftConfigError
+from models.validate import DataSources, load_deployment, origin_of
+from resolve.context import RunContext
+from resolve import nodes
+from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
+
+from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, supervisor, weights
+from .gpu import NvidiaGpus
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def planned() -> tuple[Plan, RunContext]:
+    """Validate and plan this host: the run's context (read once), the site's data, its secrets on the control
+    machine, the host's facts (GPUs, the Python packages it lends, the neighbours) -> one frozen plan.
+
+    Every refusal is a HeavyliftConfigError naming the file and field that set the value, before any host changes.
+    """
+    context = RunContext.of_pyinfra(state, host)
+    sources = DataSources.of_run(context)
+
+    def origin(key: str) -> str:
+        return origin_of(host, key, sources).label
+
+    # a bad key or value stops the run here; an unsupported model's refusal names each host's own GPUs
+    deployment = load_deployment(host, sources=sources, gpus_of=lambda chosen: chosen.get_fact(NvidiaGpus).summary())
+    context = dataclasses.replace(context, until=deployment.settings.until)
+    where = f"host '{host.name}'"
+    try:
+        # the HF token and API key, read on the control machine (env:NAME or file:PATH), kept as SecretStr
+        secret_env = secrets.resolve(deployment.settings)
+    except secrets.SecretSourceError as error:
+        raise HeavyliftConfigError(f"{origin(error.field)}, {where}: {error} No host was changed.") from None
+    # one vLLM instance over several hosts: this host's rank and peers, worked out once for the whole group
+    role = nodes.role_of(
+        host, lambda other: load_deployment(other, sources=sources), lambda other, key: origin_of(other, key, sources).label
+    )
+    gpus = host.get_fact(NvidiaGpus)
+    gpu_selection(deployment, gpus, f"{origin('gpus')}, {where}")
+    # a GPU image's own torch, reused by the venv (vllm.host_packages): what the host's Python has
+    host_runtime = runtime.host_runtime(deployment.settings.vllm)
+    runtime.check_wheelhouse(deployment.settings.vllm, f"{origin('vllm')}, {where}")
+    # the other deployments on the host (their launchers) and the ports in use: no clash
+    neighbours.check(deployment, host.name, gpus.count, origin)
+    try:
+        plan = make_plan(
+            deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role
+        )
+    except RefusedError as refusal:
+        raise HeavyliftConfigError(
+            f"{refusal.where or deployment.entry_file.name}: {where} ({gpus.summary()}): {refusal} No host was changed."
+        ) from None
+    return plan, context
+
+
+def report_resolution(plan) -> None:
+    """The rules that fired on this host, their warnings and notes (every run, also --dry)."""
+    for rule in plan.resolution.fired:
+        logger.info(f"{host.print_prefix}rule {rule.id}: {rule.title}: {'; '.join(rule.changes) or 'no change'}")
+    for warning in plan.resolution.warnings:
+        logger.warning(f"{host.print_prefix}{warning}")
+    for note in plan.resolution.notes:
+        logger.info(f"{host.print_prefix}note: {note}")
+
+
+def lock_taken(layout, context) -> None:
+    """One run at a time per host: a second run stops here, naming the holder (operations/hostlock.py);
+    a dry run only looks at the lock."""
+    said = hostlock.hold(host, state, layout.lock, dry=context.dry)
+    if said.startswith(("recovered", "another run")):
+        logger.warning(f"{host.print_prefix}{said}")
+
+
+def runtime_converged(plan):
+    """uv, the Hub client's venv, and the vLLM build's venv beside the active one, then the `venv` link.
+
+    Returns the operations whose change makes a running vLLM stale."""
+    layout, part = plan.layout, plan.runtime
+    files.directory(name="heavylift folders", path=layout.deployment_dir)
+    files.put(
+        name="resolution (rules that fired, as JSON)",
+        src=StringIO(plan.resolution_json()),
+        dest=f"{layout.deployment_dir}/resolution.json",
+        # the folder comes from the operation above; pyinfra stops a dry run's change detection (and its
+        # diff) at the first command, which would be the folder's mkdir on a fresh host (pyinfra 3.10
+        # api/operation.py: `for _ in command_generator(): ... break`, files.put yields it before the diff)
+        create_remote_dir=False,
+    )
+    runtime.uv(name=f"uv {part.uv_version}", path=layout.uv, version=part.uv_version, wheelhouse=part.wheelhouse_upload)
+    runtime.venv(
+        name="Hub client venv", path=part.hub_venv.path, spec=part.hub_venv.spec,
+        uv_path=layout.uv, uv_cache=layout.uv_cache, check=part.hub_venv.check,
+    )
+    return list(runtime.vllm_runtime(layout, part))
+
+
+def weights_present(plan):
+    """The pinned snapshot, downloaded on the host and verified into a manifest; old snapshots removed first.
+
+    Returns what the removal planned (the after-switch removal adds to it)."""
+    layout, part = plan.layout, plan.weights
+    for script in weights.HOST_SCRIPTS:
+        files.put(name=f"heavylift host script {script}", src=f"{weights.SCRIPTS_DIR}/{script}", dest=f"{layout.scripts}/{script}")
+    files.directory(name="private folder (0700)", path=layout.private_dir, mode="700")
+    token_file = None
+    if part.token is not None:  # gated repos: the host's download needs the token too
+        token_file = layout.hub_token_file
+        # one line with its newline: pyinfra ends what it sends on stdin with one (a file without it
+        # would never match and be written on every run)
+        secrets.env_file(
+            name="Hub token for downloads (0600, never shown)", path=token_file,
+            content=SecretStr(part.token.get_secret_value() + "\n"),
+        )
+    # snapshots no kept release needs go first, and the disk check counts what that frees (operations/diskgc.py)
+    host_state = host.get_fact(fleet.HostState, root=layout.root, light=True)
+    before = diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots)
+    diskgc.snapshots_pruned(name="old snapshots (before the download)", plan=before)
+    # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
+    weights.preflight(part.snapshot, part.content_dir, part.manifest, part.verify, part.disk_margin_gb,
+                      freed_bytes=before.freed_bytes)
+    weights.downloaded(
+        name=f"weights {part.snapshot.repo}@{part.snapshot.commit[:12]}",
+        snapshot=part.snapshot, local_dir=part.content_dir, manifest=part.manifest,
+        python=f"{plan.runtime.hub_venv.path}/bin/python", script_dir=layout.scripts, endpoint=part.hf_endpoint,
+        workers=part.workers, verify=part.verify, disk_margin_gb=part.disk_margin_gb, stall_seconds=part.stall_seconds,
+        tries=part.tries, token_file=token_file, freed_bytes=before.freed_bytes,
+    )
+    return host_state, before
+
+
+def overlay_rendered(plan):
+    """Links to the pristine files plus the patched, rendered configs; with --diff also the overlay
+    against the checkpoint's own files. Returns the operations whose change makes vLLM stale."""
+    layout, part, snapshot = plan.layout, plan.overlay, plan.weights.snapshot
+    files.directory(name="overlay folder", path=layout.overlay)
+    changed = [checkpoint.links(name="overlay links", path=layout.overlay, target_dir=plan.weights.content_dir,
+                                names=list(part.link_names))]
+    changed += [
+        files.template(
+            name=f"overlay {filename}",
+            src=str(TEMPLATES / f"{filename}.j2"),
+            dest=f"{layout.overlay}/{filename}",
+            # readable by the service user: pyinfra's @local connector keeps its temporary file's 0600
+            mode="644",
+            repo=snapshot.repo,
+            commit=snapshot.commit,
+            document=text.rstrip("\n"),
+            create_remote_dir=False,  # the overlay folder above; see resolution.json
+        )
+        for filename, text in part.rendered.items()
+    ]
+    if state.config.DIFF:
+        # what the rules and the catalog change in the checkpoint's own files, shown whether or not the host has
+        # the overlay yet (its diff above is against the host's current file)
+        for filename, text in part.rendered.items():
+            changes = list(generate_color_diff(part.pristine[filename].splitlines(True), text.splitlines(True)))
+            logger.info(
+                f"{host.print_prefix}overlay {filename} against the pristine {snapshot.repo}@{snapshot.commit[:12]}:"
+                + ("" if changes else " unchanged")
+            )
+            for line in changes:
+                logger.info(f"  {line}")
+    return changed
+
+
+def release_staged(plan):
+    """The service user, the launcher and its secrets, and the release folder (venv, overlay, launcher).
+
+    Returns the operations whose change makes vLLM stale."""
+    layout, part, user = plan.layout, plan.release, plan.service.user
+    files.put(name="readiness probe script", src=str(SCRIPTS / readiness.PROBE_SCRIPT), dest=layout.probe_script)
+    server.user(name=f"service user {user}", user=user, system=True, home=layout.service_home,
+                shell="/usr/sbin/nologin", ensure_home=False)
+    # the one folder the service may write (vLLM and torch caches); root owns everything else
+    files.directory(name="service user home", path=layout.service_home, user=user, group=user, mode="750")
+    launcher = files.put(name="vLLM launcher", src=StringIO(part.launcher_text), dest=layout.launcher, mode="755",
+                         create_remote_dir=False)  # the deployment folder, made first; see resolution.json
+    env_file = secrets.env_file(
+        name="vLLM secrets (0600, never shown)",
+        path=layout.env_file,
+        content=SecretStr(secrets.render_env_file(str(TEMPLATES / "serve.env.j2"), plan.deployment, part.secrets)),
+    )
+    files.directory(name="releases folder", path=layout.releases)
+    release.staged(
+        name=f"release {part.id}", release_dir=layout.release(part.id),
+        launcher=layout.launcher, overlay=layout.overlay, venv=plan.runtime.vllm_venv.path,
+    )
+    return [launcher, env_file]
+
+
+def readable(plan) -> None:
+    """A hardened host's umask (027, 077) makes all of it root-only; the service reads these as its own user."""
+    layout = plan.layout
+    permissions.readable_by_service(
+        name="readable by the service user",
+        trees=[plan.runtime.vllm_venv.path, plan.weights.content_dir, layout.release(plan.release.id), layout.scripts],
+        root=layout.root,
+    )
+
+
+def release_switched(plan, host_state, before):
+    """`current` -> this release (`previous` -> the one before); then what only the switch frees goes."""
+    layout, part = plan.layout, plan.weights
+    switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=plan.release.id)
+    # what was `previous` until this switch (and releases beyond keep_snapshots) may go now
+    diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
+        before, diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots,
+                                      new_release=plan.release.id, after_switch=True)))
+    return switched
+
+
+def service_running(plan, stale_when_changed):
+    """systemd's unit or the start-stop-daemon fallback runs <deployment>/current/serve as the service user,
+    restarted only when something it runs changed. Returns (supervisor, its operation)."""
+    chosen = supervisor.of(plan.layout, plan.service.manager, plan.service.user, plan.service.stop_grace)
+    return chosen, chosen.converged(plan, stale_when_changed)
+
+
+def gate_passed(plan, chosen, dependencies) -> None:
+    """The readiness gate after every (re)start: /health, a completion, a short decode benchmark; figures
+    into status.json and the report line; a failed gate rolls back to the previous release."""
+    layout, gate = plan.layout, plan.gate
+    readiness.serving(
+        name="vLLM ready",
+        url=gate.url,
+        model=gate.model,
+        endpoint=gate.endpoint,
+        budget_seconds=gate.budget_seconds,
+        log_command=chosen.log_command,
+        gate=readiness.Gate(
+            probe_script=layout.probe_script, pid_source=chosen.pid_source, env_file=layout.env_file,
+            status_file=layout.status_file, benchmark_tokens=gate.benchmark_tokens, meta=gate.meta,
+        ),
+        dependencies=dependencies,
+        rollback=readiness.Rollback(
+            current_link=layout.current, previous_link=layout.previous, releases_dir=layout.releases,
+            restart=chosen.restart,
+        ),
+    )
+
+
+def lock_given_back(layout) -> None:
+    """The lock is given back at the end of the run (and by a host whose operation failed, at once):
+    only a run that died leaves it for the next one to recover."""
+    hostlock.released(name="deploy lock given back", path=layout.lock)

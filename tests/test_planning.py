@@ -1,0 +1,242 @@
+"""Planning without a network: the Hub a stand-in (resolve/hub.py's interface) or a local HTTP Hub, the
+vLLM index a local one (testbed/wheel_index.py). The three bugs of issue 12 each have a test here.
+
+    bug 1: a `vllm: {nightly: latest}` site's status.json meta names the resolved build, not `vllm None`
+    bug 2: the rules judge the GPUs the site selects with `gpus`, not every GPU of the host
+    bug 3: the control machine's Hub calls carry the site's hf_token whatever its source; serve.env has no HF_TOKEN
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import Inventory
+
+from benchmarks.static_hub import StaticHub
+from models.errors import HeavyliftConfigError
+from models.validate import DataSources, load_deployment
+from operations.gpu import NvidiaGpus
+from resolve import secrets
+from resolve.context import VALUE_OPTIONS, CommandLine, RunContext
+from resolve.hub import HubFile
+from resolve.plan import make_plan
+from testbed.wheel_index import WheelIndex
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = "heavylift/tiny-llama"  # models/tiny-llama.yaml
+COMMIT = "c" * 40
+NIGHTLY = "a" * 40
+NIGHTLY_VERSION = "0.35.0rc1.dev12+gaaaaaaaaa"
+CONFIG = json.loads((FIXTURES / "configs" / "llama-3.1-8b.config.json").read_text())
+
+
+class StandInHub:
+    """resolve.hub.Hub for one repository at one commit; counts what it was asked."""
+
+    endpoint = "http://hub.invalid"
+
+    def __init__(self):
+        self.asked: list[tuple] = []
+
+    def commit(self, repo, revision):
+        self.asked.append(("commit", repo, revision))
+        return COMMIT
+
+    def files(self, repo, commit):
+        self.asked.append(("files", repo, commit))
+        return [HubFile("config.json", 900, None), HubFile("model.safetensors", 16 << 30, "0" * 64),
+                HubFile("tokenizer.json", 9000, None)]
+
+    def json_file(self, repo, commit, filename):
+        self.asked.append(("json", repo, filename))
+        return CONFIG if filename == "config.json" else None
+
+    def exists(self, repo):
+        return repo == REPO
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    with WheelIndex(tmp_path_factory.mktemp("planning-wheels")) as idx:
+        idx.add_pypi("vllm", "0.34.0")
+        idx.add_commit(NIGHTLY, NIGHTLY_VERSION)
+        idx.publish_nightly(NIGHTLY)
+        yield idx
+
+
+def deployment_of(tmp_path, **data):
+    site = {"model": "tiny-llama", "hf_endpoint": StandInHub.endpoint, **data}
+    inventory = Inventory(([("gpu1", site)], {}))
+    return load_deployment(inventory.get_host("gpu1"), sources=DataSources.for_inventory(None, cwd=tmp_path))
+
+
+def context(tmp_path, *argv):
+    return RunContext.build(tmp_path, ["inventory/site.py", "deploy.py", *argv], environ={})
+
+
+def h200x8():
+    fact = json.loads((FIXTURES / "nvidia-smi" / "h200-x8.json").read_text())["fact_output"]
+    return NvidiaGpus().process(fact)
+
+
+# --- bug 2: the GPUs the site selects --------------------------------------------------------------
+
+
+def test_rules_judge_only_the_gpus_the_site_selects(tmp_path, index):
+    vllm = {"version": "0.34.0", "index_url": f"{index.url}/pypi/"}
+    whole = deployment_of(tmp_path, vllm=vllm, tensor_parallel_size=2)
+    chosen = deployment_of(tmp_path, vllm=vllm, tensor_parallel_size=2, gpus=[6, 7])
+    # without a selection tp 2 on 8 GPUs leaves 6 idle, and the rules say so
+    idle = make_plan(whole, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub())
+    assert any("uses 2 of 8 GPUs" in w for w in idle.resolution.warnings), idle.resolution.warnings
+    # with gpus = [6, 7] the deployment runs on exactly those two: nothing idle, nothing to warn about
+    plan = make_plan(chosen, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub())
+    assert not any("GPUs" in w and "idle" in w for w in plan.resolution.warnings), plan.resolution.warnings
+    # tensor parallelism, worked out once (models/validate.py Deployment): the launcher's and the rules' agree
+    assert "--tensor-parallel-size 2" in plan.release.launcher_text
+    assert "export CUDA_VISIBLE_DEVICES=6,7" in plan.release.launcher_text
+    # resolution.json still records the whole host
+    assert len(json.loads(plan.resolution_json())["gpus"]["gpus"]) == 8
+
+
+# --- bug 1: the resolved build in the gate's meta (status.json, the report line) -------------------
+
+
+def test_latest_nightly_names_the_resolved_build(tmp_path, index):
+    deployment = deployment_of(tmp_path, vllm={"nightly": "latest", "wheel_index": index.url})
+    plan = make_plan(deployment, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub())
+    assert plan.gate.meta["vllm"] == f"vllm {NIGHTLY_VERSION}"
+    assert "None" not in plan.gate.meta["vllm"]
+    assert plan.gate.meta["release"] == plan.release.id
+
+
+# --- bug 3: the site's token on the control machine's own Hub calls --------------------------------
+
+
+@pytest.fixture
+def gated_hub(tmp_path):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    with StaticHub(folder, REPO, token="hf_site_token_from_a_file") as hub:
+        yield hub
+
+
+def test_hub_calls_carry_the_sites_token_from_a_file(tmp_path, index, gated_hub, monkeypatch):
+    # huggingface_hub finds no token of its own: no HF_TOKEN, an empty HF_HOME
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    token_file = tmp_path / "hf.token"
+    token_file.write_text("hf_site_token_from_a_file\n")
+    token_file.chmod(0o600)
+    vllm = {"version": "0.34.0", "index_url": f"{index.url}/pypi/"}
+    deployment = deployment_of(tmp_path, vllm=vllm, hf_endpoint=gated_hub.url, hf_token=f"file:{token_file}",
+                               api_key="env:HEAVYLIFT_TEST_API_KEY", tensor_parallel_size=1)
+    monkeypatch.setenv("HEAVYLIFT_TEST_API_KEY", "sk-test")
+    found = secrets.resolve(deployment.settings)
+    # lock resolution, file listing and the pristine config, all against the gated Hub
+    plan = make_plan(deployment, "gpu1", h200x8(), context=context(tmp_path), secrets=found)
+    assert plan.weights.snapshot.commit == gated_hub.commit
+    assert "config.json" in plan.overlay.rendered
+    # the host's download gets the token; vLLM (offline, from the overlay) gets only the API key
+    assert plan.weights.token.get_secret_value() == "hf_site_token_from_a_file"
+    assert set(plan.release.secrets) == {"VLLM_API_KEY"}
+    assert "export HF_HUB_OFFLINE=1" in plan.release.launcher_text
+    # and without the token the same Hub refuses, plainly
+    with pytest.raises(HeavyliftConfigError, match="field 'hf_token'.*gated or private"):
+        make_plan(deployment_of(tmp_path, vllm=vllm, hf_endpoint=gated_hub.url, tensor_parallel_size=1),
+                  "gpu1", h200x8(), context=context(tmp_path))
+
+
+# --- the run context --------------------------------------------------------------------------------
+
+
+def test_run_context_reads_pyinfras_command_line(tmp_path):
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "site.py").write_text("hosts = []\n")
+    line = CommandLine.parse(["-y", "--limit", "gpu1", "--data", "until=prepare", "inventory/site.py", "deploy.py", "--dry",
+                              "--group-data=extra", "--diff"])
+    assert (line.inventory, line.dry, line.group_data) == ("inventory/site.py", True, ("extra",))
+    # a flag's value that looks like a file is no inventory
+    assert CommandLine.parse(["--config", "x.py", "inventory/site.py", "deploy.py"]).inventory == "inventory/site.py"
+    run = RunContext.build(tmp_path, ["inventory/site.py", "deploy.py"], environ={})
+    assert (run.inventory, run.dry, run.until) == ((tmp_path / "inventory" / "site.py").resolve(), False, "serve")
+    assert run.lock_file == (tmp_path / "inventory" / "site.lock.json").resolve()
+
+
+def test_until_is_validated_like_every_input(tmp_path):
+    assert deployment_of(tmp_path, vllm={"version": "0.34.0"}, until="prepare").settings.until == "prepare"
+    with pytest.raises(HeavyliftConfigError) as refused:
+        deployment_of(tmp_path, vllm={"version": "0.34.0"}, until="half")
+    assert "field 'until'" in str(refused.value) and "--data until=prepare" in str(refused.value)
+
+
+def test_until_prepare_reaches_the_plan(tmp_path, index):
+    deployment = deployment_of(tmp_path, vllm={"version": "0.34.0", "index_url": f"{index.url}/pypi/"},
+                               tensor_parallel_size=1, until="prepare")
+    import dataclasses
+
+    run = dataclasses.replace(context(tmp_path), until=deployment.settings.until)
+    assert make_plan(deployment, "gpu1", h200x8(), context=run, hub=StandInHub()).until == "prepare"
+
+
+def test_value_options_are_pyinfras():
+    """The parser's table against pyinfra's own click command, in a subprocess: importing pyinfra_cli
+    gevent-patches the process that imports it."""
+    listed = subprocess.run(
+        [sys.executable, "-c", "from pyinfra_cli.cli import cli; print('\\n'.join(sorted(o for p in cli.params "
+         "if p.param_type_name == 'option' and not (p.is_flag or p.count) for o in p.opts if o.startswith('--'))))"],
+        capture_output=True, text=True, check=True,
+    )
+    assert set(listed.stdout.split()) == VALUE_OPTIONS
+
+
+# --- one instance over two nodes (resolve/nodes.py) -----------------------------------------------
+
+
+def two_node_inventory(tmp_path, index, **worker_data):
+    vllm = {"version": "0.34.0", "index_url": f"{index.url}/pypi/"}
+    site = {"model": "tiny-llama", "hf_endpoint": StandInHub.endpoint, "vllm": vllm, "tensor_parallel_size": 8,
+            "bind_address": "0.0.0.0", "multinode": {"pipeline_parallel_size": 2, "interface": "ib0"}}
+    hosts = [
+        ("gpu-a", {**site, "ssh_hostname": "10.0.0.1", "multinode": {**site["multinode"], "node_rank": 0}}),
+        ("gpu-b", {**site, "ssh_hostname": "10.0.0.2", "multinode": {**site["multinode"], "node_rank": 1}, **worker_data}),
+    ]
+    inventory = Inventory((hosts, {}))
+    sources = DataSources.for_inventory(None, cwd=tmp_path)
+    return inventory, (lambda h: load_deployment(h, sources=sources)), (lambda h, key: "inventory/site.py")
+
+
+def test_two_nodes_plan_the_leader_and_a_headless_worker(tmp_path, index):
+    from resolve import nodes
+
+    inventory, load, origin = two_node_inventory(tmp_path, index)
+    plans = {}
+    for name in ("gpu-a", "gpu-b"):
+        host = inventory.get_host(name)
+        role = nodes.role_of(host, load, origin)
+        plans[name] = make_plan(load(host), name, h200x8(), context=context(tmp_path), hub=StandInHub(), role=role)
+    leader, worker = plans["gpu-a"].release.launcher_text, plans["gpu-b"].release.launcher_text
+    for text in (leader, worker):
+        assert "--tensor-parallel-size 8" in text and "--pipeline-parallel-size 2" in text
+        assert "--nnodes 2" in text and "--master-addr 10.0.0.1" in text and "--master-port 29501" in text
+        assert "export GLOO_SOCKET_IFNAME=ib0" in text and "export NCCL_SOCKET_IFNAME=ib0" in text
+    assert "--node-rank 0" in leader and "--headless" not in leader and "export VLLM_HOST_IP=10.0.0.1" in leader
+    assert "--node-rank 1" in worker and "--headless" in worker and "export VLLM_HOST_IP=10.0.0.2" in worker
+    # the worker has no API: its gate asks the leader's
+    assert plans["gpu-b"].gate.url == "http://10.0.0.1:8000"
+    assert plans["gpu-a"].gate.url == "http://127.0.0.1:8000"
+    # tp 8 x pp 2 over 2 nodes: 8 per node, the H200 x8 fixture's count, and no rule about idle GPUs
+    assert not plans["gpu-a"].resolution.warnings
+
+
+def test_a_group_whose_nodes_differ_is_refused_before_any_host_changes(tmp_path, index):
+    from resolve import nodes
+
+    inventory, load, origin = two_node_inventory(tmp_path, index, max_model_len=4096)
+    with pytest.raises(HeavyliftConfigError) as refused:
+        nodes.role_of(inventory.get_host("gpu-a"), load, origin)
+    assert "host 'gpu-b': field 'max_model_len' differs from host 'gpu-a'" in str(refused.value)
