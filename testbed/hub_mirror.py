@@ -171,9 +171,21 @@ class HubMirror:
         snapshot_download("org/name", revision=sha, endpoint=hub.url, local_dir=...)
     """
 
-    def __init__(self, mirror_dir: str | Path, port: int = 0, host: str = LOOPBACK, startup_timeout: float = 60.0):
+    def __init__(
+        self,
+        mirror_dir: str | Path,
+        port: int = 0,
+        host: str = LOOPBACK,
+        startup_timeout: float = 60.0,
+        netns_path: str | None = None,
+    ):
+        """netns_path: run olah in that network namespace (a bridge bed's switch, with `host` its
+        bridge address and `port` given: a free port can't be looked up from outside it)."""
         self.mirror_dir = Path(mirror_dir).resolve()
         self.host = host
+        self.netns_path = netns_path
+        if netns_path and not port:
+            raise ValueError("a mirror in another network namespace needs its port given")
         self.port = port or free_port(host)
         self.startup_timeout = startup_timeout
         self.log_path = self.mirror_dir / LOG_NAME
@@ -187,7 +199,7 @@ class HubMirror:
         config_path = write_config(self.mirror_dir, self.host, self.port)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                olah_command(config_path, self.mirror_dir / "logs"),
+                self._in_netns(olah_command(config_path, self.mirror_dir / "logs")),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -205,10 +217,23 @@ class HubMirror:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"olah exited with {self.process.returncode}; see {self.log_path}")
-            if answers_http(self.url + READINESS_PATH):
+            if self._answers(self.url + READINESS_PATH):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"olah did not answer on {self.url} within {self.startup_timeout}s; see {self.log_path}")
+
+    def _in_netns(self, argv: list[str]) -> list[str]:
+        return ["nsenter", f"--net={self.netns_path}", "--", *argv] if self.netns_path else argv
+
+    def _answers(self, url: str) -> bool:
+        if not self.netns_path:
+            return answers_http(url)
+        probe = f"from testbed.hub_mirror import answers_http; raise SystemExit(0 if answers_http({url!r}) else 1)"
+        done = subprocess.run(
+            self._in_netns([sys.executable, "-c", probe]), cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+        )
+        return done.returncode == 0
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process is None:

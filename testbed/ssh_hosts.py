@@ -8,6 +8,12 @@ machine's ``/`` (an overlay mount with ``lowerdir=/``). What a deploy writes to 
 its own hostname, ``/run``, ``/tmp`` and ``/dev/shm``, but shares the machine's network, so
 services a test starts on loopback (a Hub mirror, say) are reachable from every host.
 
+With ``network="bridge"`` each host also gets a network namespace of its own on a private bridge
+(testbed/netns.py): sshd listens on the host's bridge address (10.200.0.11, .12, ...), the hosts
+reach each other there and reach the control side on ``bed.network.switch_address``, and what
+talks to them from the control side runs through ``bed.control_argv(argv)``. That is the bed for
+several hosts that must talk to each other (one vLLM instance over two nodes).
+
     with TestBed(tmp_dir, names=["host1", "host2"]) as bed:
         bed.write_inventory(tmp_dir / "inventory.py", host_data={"host1": {...}})
         ...  # run pyinfra against it
@@ -40,7 +46,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from pprint import pformat
-from typing import Any, Self
+from typing import Any, Literal, Self
+
+from testbed.netns import BridgeNetwork
 
 SSHD = "/usr/sbin/sshd"
 LOOPBACK = "127.0.0.1"
@@ -53,6 +61,8 @@ HOST_ENV = {
 }
 HOST_NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 STATE_FILE = "host.json"
+NETWORK_STATE_FILE = "network.json"
+BRIDGE_SSH_PORT = 22  # a host with its own network has port 22 to itself
 # fresh mount and UTS namespaces; nothing mounted inside shows outside
 UNSHARE = ["unshare", "--mount", "--uts", "--fork", "--propagation", "private"]
 
@@ -184,6 +194,9 @@ class TestHost:
     name: str
     port: int
     dir: Path  # everything the test bed made for this host lives here
+    address: str = LOOPBACK  # where its sshd listens
+    netns_path: str | None = None  # its own network namespace (bridge beds), else the machine's
+    control_netns_path: str | None = None  # where the control side reaches it from
     pid: int = 0  # the host's sshd (listener); its namespaces and root are the host's
     launcher_pid: int = 0  # `unshare`, waiting for the sshd
     namespace: tuple[int, int] | None = None  # (dev, inode) of its mount namespace
@@ -224,7 +237,7 @@ class TestHost:
     def inventory_entry(self, **data: Any) -> tuple[str, dict[str, Any]]:
         """pyinfra inventory entry: the host's name, with connection data to reach it."""
         connection = {
-            "ssh_hostname": LOOPBACK,
+            "ssh_hostname": self.address,
             "ssh_port": self.port,
             "ssh_user": "root",
             "ssh_key": self.key,
@@ -236,7 +249,9 @@ class TestHost:
 
     def ssh_argv(self, command: str) -> list[str]:
         """argv for the OpenSSH client running `command` on this host."""
+        control = ["nsenter", f"--net={self.control_netns_path}", "--"] if self.control_netns_path else []
         return [
+            *control,
             "ssh",
             "-p", str(self.port),
             "-i", self.key,
@@ -245,7 +260,7 @@ class TestHost:
             "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null",
             "-o", "LogLevel=ERROR",
-            f"root@{LOOPBACK}",
+            f"root@{self.address}",
             command,
         ]  # fmt: skip
 
@@ -257,9 +272,10 @@ class TestHost:
     ) -> subprocess.CompletedProcess:
         """Run a command inside the host (its filesystem, hostname and root), without SSH."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        net = ["--net"] if self.netns_path else []
         return subprocess.run(
             # --root/--wd without a value: those of the host's sshd, i.e. the host's /
-            ["nsenter", "--target", str(self.pid), "--mount", "--uts", "--root", "--wd", "--"]
+            ["nsenter", "--target", str(self.pid), "--mount", "--uts", *net, "--root", "--wd", "--"]
             + argv,
             env=HOST_ENV,
             capture_output=True,
@@ -276,7 +292,7 @@ class TestHost:
         generate_ssh_key(self.dir / "ssh_host_ed25519_key", f"testbed-{self.name}-host")
         generate_ssh_key(self.dir / "client_key", f"testbed-{self.name}-client")
         (self.dir / "sshd_config").write_text(
-            SSHD_CONFIG.format(name=self.name, address=LOOPBACK, port=self.port),
+            SSHD_CONFIG.format(name=self.name, address=self.address, port=self.port),
         )
         (self.dir / "boot.sh").write_text(
             BOOT_SCRIPT.format(
@@ -288,8 +304,9 @@ class TestHost:
 
     def launch(self) -> None:
         with open(self.dir / "boot.log", "wb") as log:
+            net = ["nsenter", f"--net={self.netns_path}", "--"] if self.netns_path else []
             self._launcher = subprocess.Popen(
-                [*UNSHARE, "--", "/bin/sh", str(self.dir / "boot.sh")],
+                [*net, *UNSHARE, "--", "/bin/sh", str(self.dir / "boot.sh")],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -318,7 +335,9 @@ class TestHost:
                         except subprocess.TimeoutExpired:
                             pass  # then "no sshd on port" at the deadline, with the boot log
                     continue
-            if self.pid and self.sshd_is_listening() and port_accepts_tcp(self.port):
+            # in a namespace of its own, the port can't be tried from here: sshd's word suffices
+            reachable = self.netns_path is not None or port_accepts_tcp(self.port)
+            if self.pid and self.sshd_is_listening() and reachable:
                 return
             time.sleep(0.02)
         raise RuntimeError(
@@ -328,7 +347,7 @@ class TestHost:
 
     def sshd_is_listening(self) -> bool:
         # sshd's own word, so that a stranger on the same port can't pass for it
-        return f"Server listening on {LOOPBACK} port {self.port}." in self.boot_log()
+        return f"Server listening on {self.address} port {self.port}." in self.boot_log()
 
     def hold_namespace(self) -> None:
         self._namespace_fd = os.open(f"/proc/{self.pid}/ns/mnt", os.O_RDONLY)
@@ -346,6 +365,9 @@ class TestHost:
         state = {
             "name": self.name,
             "port": self.port,
+            "address": self.address,
+            "netns_path": self.netns_path,
+            "control_netns_path": self.control_netns_path,
             "pid": self.pid,
             "launcher_pid": self.launcher_pid,
             "namespace": list(self.namespace) if self.namespace else None,
@@ -360,6 +382,9 @@ class TestHost:
             name=state["name"],
             port=state["port"],
             dir=host_dir,
+            address=state.get("address", LOOPBACK),
+            netns_path=state.get("netns_path"),
+            control_netns_path=state.get("control_netns_path"),
             pid=state["pid"],
             launcher_pid=state["launcher_pid"],
             namespace=namespace,
@@ -484,9 +509,14 @@ class TestBed:
         base_dir: str | os.PathLike,
         names: Sequence[str] = ("host1", "host2"),
         start: bool = True,
+        network: Literal["loopback", "bridge"] = "loopback",
     ):
         self.base_dir = Path(base_dir).resolve()
         self.hosts: dict[str, TestHost] = {}
+        if network not in ("loopback", "bridge"):
+            raise ValueError(f"network is 'loopback' or 'bridge', not {network!r}")
+        self.network_kind = network
+        self.network: BridgeNetwork | None = None
         if isinstance(names, str):
             raise TypeError("names is a list of host names, not one string")
         check_host_names(names)
@@ -499,10 +529,20 @@ class TestBed:
         ensure_openssh()
         atexit.register(self.stop)
         try:
+            if self.network_kind == "bridge":
+                self.base_dir.mkdir(parents=True, exist_ok=True)
+                self.network = BridgeNetwork.create(state_path=self.base_dir / NETWORK_STATE_FILE)
             for name in names:
-                host = TestHost(name=name, port=find_free_port(), dir=self.base_dir / name)
                 # fails if the folder exists: it would be another bed's, never to be touched
-                host.dir.mkdir(parents=True)
+                (self.base_dir / name).mkdir(parents=True)
+                if self.network is not None:
+                    netns_path, address = self.network.add_host(name)
+                    host = TestHost(
+                        name=name, port=BRIDGE_SSH_PORT, dir=self.base_dir / name, address=address,
+                        netns_path=netns_path, control_netns_path=self.network.switch_path,
+                    )
+                else:
+                    host = TestHost(name=name, port=find_free_port(), dir=self.base_dir / name)
                 self.hosts[name] = host
                 host.prepare()
                 host.launch()
@@ -517,6 +557,10 @@ class TestBed:
     def attach(cls, base_dir: str | os.PathLike) -> TestBed:
         """The hosts a previous process (e.g. `up`) left running under base_dir."""
         bed = cls(base_dir, names=(), start=False)
+        network_state = bed.base_dir / NETWORK_STATE_FILE
+        if network_state.exists():
+            bed.network_kind = "bridge"
+            bed.network = BridgeNetwork.load(network_state)
         for state_file in sorted(bed.base_dir.glob(f"*/{STATE_FILE}")):
             host = TestHost.from_state(state_file.parent)
             bed.hosts[host.name] = host
@@ -581,9 +625,18 @@ class TestBed:
                 host.stop(grace)
             except Exception as error:  # stop the others anyway
                 errors.append(error)
+        if self.network is not None:
+            try:  # after the hosts: a namespace still holding processes would outlive its name
+                self.network.destroy()
+            except Exception as error:
+                errors.append(error)
         if errors:
             raise errors[0]
         atexit.unregister(self.stop)
+
+    def control_argv(self, argv: Sequence[str]) -> list[str]:
+        """`argv` as run from the control side: where the hosts' SSH addresses are reachable."""
+        return self.network.argv(list(argv)) if self.network is not None else list(argv)
 
     def detach(self) -> None:
         """Leave the hosts running when this process exits (for `up`)."""
@@ -612,7 +665,7 @@ def check_base_dir(base_dir: Path) -> None:
 def command_up(args: argparse.Namespace) -> None:
     base_dir = Path(args.base)
     base_dir.mkdir(parents=True, exist_ok=True)
-    bed = TestBed(base_dir, names=args.names.split(","))
+    bed = TestBed(base_dir, names=args.names.split(","), network=args.network)
     inventory = bed.write_inventory(base_dir / "inventory.py")
     bed.detach()
     for host in bed.hosts.values():
@@ -636,6 +689,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     up = commands.add_parser("up", help="start hosts and leave them running")
     up.add_argument("--base", required=True, help="directory for the hosts' files (not tmpfs)")
     up.add_argument("--names", default="host1,host2", help="comma separated host names")
+    up.add_argument("--network", choices=("loopback", "bridge"), default="loopback",
+                    help="bridge: each host in its own network namespace on a private bridge")
     up.set_defaults(handler=command_up)
     down = commands.add_parser("down", help="stop the hosts `up` started under --base")
     down.add_argument("--base", required=True)

@@ -192,3 +192,51 @@ def test_value_options_are_pyinfras():
         capture_output=True, text=True, check=True,
     )
     assert set(listed.stdout.split()) == VALUE_OPTIONS
+
+
+# --- one instance over two nodes (resolve/nodes.py) -----------------------------------------------
+
+
+def two_node_inventory(tmp_path, index, **worker_data):
+    vllm = {"version": "0.34.0", "index_url": f"{index.url}/pypi/"}
+    site = {"model": "tiny-llama", "hf_endpoint": StandInHub.endpoint, "vllm": vllm, "tensor_parallel_size": 8,
+            "bind_address": "0.0.0.0", "multinode": {"pipeline_parallel_size": 2, "interface": "ib0"}}
+    hosts = [
+        ("gpu-a", {**site, "ssh_hostname": "10.0.0.1", "multinode": {**site["multinode"], "node_rank": 0}}),
+        ("gpu-b", {**site, "ssh_hostname": "10.0.0.2", "multinode": {**site["multinode"], "node_rank": 1}, **worker_data}),
+    ]
+    inventory = Inventory((hosts, {}))
+    sources = DataSources.for_inventory(None, cwd=tmp_path)
+    return inventory, (lambda h: load_deployment(h, sources=sources)), (lambda h, key: "inventory/site.py")
+
+
+def test_two_nodes_plan_the_leader_and_a_headless_worker(tmp_path, index):
+    from resolve import nodes
+
+    inventory, load, origin = two_node_inventory(tmp_path, index)
+    plans = {}
+    for name in ("gpu-a", "gpu-b"):
+        host = inventory.get_host(name)
+        role = nodes.role_of(host, load, origin)
+        plans[name] = make_plan(load(host), name, h200x8(), context=context(tmp_path), hub=StandInHub(), role=role)
+    leader, worker = plans["gpu-a"].release.launcher_text, plans["gpu-b"].release.launcher_text
+    for text in (leader, worker):
+        assert "--tensor-parallel-size 8" in text and "--pipeline-parallel-size 2" in text
+        assert "--nnodes 2" in text and "--master-addr 10.0.0.1" in text and "--master-port 29501" in text
+        assert "export GLOO_SOCKET_IFNAME=ib0" in text and "export NCCL_SOCKET_IFNAME=ib0" in text
+    assert "--node-rank 0" in leader and "--headless" not in leader and "export VLLM_HOST_IP=10.0.0.1" in leader
+    assert "--node-rank 1" in worker and "--headless" in worker and "export VLLM_HOST_IP=10.0.0.2" in worker
+    # the worker has no API: its gate asks the leader's
+    assert plans["gpu-b"].gate.url == "http://10.0.0.1:8000"
+    assert plans["gpu-a"].gate.url == "http://127.0.0.1:8000"
+    # tp 8 x pp 2 over 2 nodes: 8 per node, the H200 x8 fixture's count, and no rule about idle GPUs
+    assert not plans["gpu-a"].resolution.warnings
+
+
+def test_a_group_whose_nodes_differ_is_refused_before_any_host_changes(tmp_path, index):
+    from resolve import nodes
+
+    inventory, load, origin = two_node_inventory(tmp_path, index, max_model_len=4096)
+    with pytest.raises(HeavyliftConfigError) as refused:
+        nodes.role_of(inventory.get_host("gpu-a"), load, origin)
+    assert "host 'gpu-b': field 'max_model_len' differs from host 'gpu-a'" in str(refused.value)
