@@ -34,7 +34,7 @@ from models.validate import DataSources, load_deployment, origin_of
 def data_origin(host, key):
     """The file (or --data) a host's data key came from, for messages."""
     return origin_of(host, key, DataSources.from_cli()).label
-from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, weights
+from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, weights
 from operations.gpu import NvidiaGpus
 from operations.plan import RefusedError, make_plan
 
@@ -99,7 +99,9 @@ hub_venv = runtime.venv(
 # then the switch of the deployment's `venv` link; old venvs beyond keep_venvs are removed
 vllm_venv, active_venv = runtime.vllm_runtime(deployment, layout, plan.build, plan.vllm_venv)
 
-# 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest
+# 4. weights: the pinned snapshot, downloaded on the host and verified into a manifest; with a site
+#    source, downloaded from the Hub by that host only, which serves it to the others (operations/sitesource.py)
+site_source = sitesource.plan_for(deployment, host)
 for script in weights.HOST_SCRIPTS:
     files.put(
         name=f"heavylift host script {script}",
@@ -125,8 +127,7 @@ diskgc.snapshots_pruned(name="old snapshots (before the download)", plan=snapsho
 # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
 weights.preflight(plan.snapshot, content_dir, manifest, deployment.settings.verify, deployment.settings.disk_margin_gb,
                   freed_bytes=snapshots_before.freed_bytes)
-weights.downloaded(
-    name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]}",
+weights_args = dict(
     snapshot=plan.snapshot,
     local_dir=content_dir,
     manifest=manifest,
@@ -141,6 +142,20 @@ weights.downloaded(
     token_file=hub_token_file,
     freed_bytes=snapshots_before.freed_bytes,
 )
+if site_source is not None:
+    sitesource.upload_scripts(layout, weights.SCRIPTS_DIR)
+if site_source is None or site_source.fills_from_hub:
+    weights.downloaded(name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]}", **weights_args)
+# pyinfra runs each operation on every host before the next: the source's download and server come first
+if site_source is not None and site_source.fills_from_hub:
+    sitesource.serve(site_source, layout, deployment.settings, secret_env, str(TEMPLATES), content_dir,
+                     service.manager_of(deployment.settings.service_manager))
+if site_source is not None and not site_source.fills_from_hub:
+    source_headers = sitesource.copy_token(layout, secret_env)
+    weights.downloaded(
+        name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]} from the site source {site_source.host}",
+        source=sitesource.fetch_source(site_source, source_headers), **weights_args,
+    )
 
 # 5. checkpoint overlay: links to the pristine files plus the patched, rendered configs
 files.directory(name="overlay folder", path=layout.overlay)
