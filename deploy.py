@@ -36,7 +36,7 @@ def data_origin(host, key):
     return origin_of(host, key, DataSources.from_cli()).label
 from operations import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, weights
 from operations.gpu import NvidiaGpus
-from operations.plan import RefusedError, make_plan
+from resolve.plan import RefusedError, make_plan
 
 # 1. validate: a bad key or value stops the run here, before any host changes; an unsupported model's
 #    refusal names each host's own GPUs (a fact read, no change)

@@ -24,7 +24,7 @@ from pyinfra import host, logger
 from models.errors import HeavyliftConfigError
 from models.validate import COMMAND_KEYS, DataSources, load_deployment, origin_of
 from operations import fleet, hostlock, readiness, release, supervisor
-from operations.layout import Layout
+from resolve.layout import Layout
 
 COMMAND_KEYS.add("release")
 deployment = load_deployment(host)

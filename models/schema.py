@@ -23,7 +23,7 @@ HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])
 # the choices vLLM's --dtype accepts (`vllm serve --help`)
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
-# vLLM arguments heavylift derives from the data itself (operations/plan.py): giving them again
+# vLLM arguments heavylift derives from the data itself (resolve/plan.py): giving them again
 # in extra_args would contradict the field and the readiness probe that reads it.
 SITE_MANAGED_ARGS = {
     "--model": "the catalog entry (model)",

@@ -33,7 +33,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from models.errors import HeavyliftConfigError
 
-from .compat import flag_value
+from resolve.compat import flag_value
 
 ALL = "all"
 

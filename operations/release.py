@@ -15,8 +15,8 @@ import shlex
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from .layout import spec_id
-from .plan import argument_lines
+from resolve.layout import spec_id
+from resolve.plan import argument_lines
 
 KEEP = 3
 HERE = '"$HERE"'  # the launcher's own folder, resolved when it runs (templates/serve.sh.j2)

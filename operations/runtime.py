@@ -27,7 +27,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from . import uv_wheel
-from .layout import spec_id
+from resolve.layout import spec_id
 
 # uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
 UV_WHEEL_PLATFORMS = uv_wheel.PLATFORMS

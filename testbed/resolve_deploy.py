@@ -20,8 +20,9 @@ from pyinfra.api import QuoteString, StringCommand  # noqa: E402
 from pyinfra.operations import files, server  # noqa: E402
 
 from models.validate import load_deployment  # noqa: E402
-from operations import plan as planning, runtime  # noqa: E402
-from operations.layout import Layout  # noqa: E402
+from resolve import plan as planning  # noqa: E402
+from operations import runtime  # noqa: E402
+from resolve.layout import Layout  # noqa: E402
 
 deployment = load_deployment(host)
 settings = deployment.settings

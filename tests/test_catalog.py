@@ -99,8 +99,8 @@ def test_tiny_mla_rules_turn_its_pristine_configs_into_the_unquantized_kv_varian
     """testbed/tiny_model.py writes tiny-mla with or without the FP8 KV entries: on a CPU host the
     rules' patch maps one onto the other, exactly."""
     tiny_model = pytest.importorskip("testbed.tiny_model")
-    from operations import compat
-    from operations.features import model_features
+    from resolve import compat
+    from resolve.features import model_features
     from operations.gpu import NvidiaGpus
 
     entry = load_entry("tiny-mla")

@@ -13,7 +13,7 @@ import pytest
 from models.catalog import load_entry
 from models.schema import SiteSettings
 from operations.checkpoint import apply_patch
-from operations.compat import (
+from resolve.compat import (
     RULES,
     RULES_BY_ID,
     STRIP_KV_CACHE_QUANT,
@@ -24,7 +24,7 @@ from operations.compat import (
     rules_markdown,
     version_matches,
 )
-from operations.features import model_features
+from resolve.features import model_features
 from operations.gpu import Gpu, GpuInventory, NvidiaGpus
 from testbed import tiny_model
 
@@ -427,7 +427,7 @@ def test_seed_cpu_demo_tiny_llama_needs_nothing():
 
 def test_docs_are_generated_from_the_table():
     doc = (ROOT / "docs" / "compatibility.md").read_text()
-    assert doc == rules_markdown(), "docs/compatibility.md is stale: python -m operations.compat --markdown > docs/compatibility.md"
+    assert doc == rules_markdown(), "docs/compatibility.md is stale: python -m resolve.compat --markdown > docs/compatibility.md"
     for rule in RULES:
         assert f"## `{rule.id}`" in doc
 
@@ -468,6 +468,6 @@ def test_the_rules_decide_for_the_lent_h200_what_the_real_gpu_did():
     ],
 )
 def test_derived_max_len_follows_vllm(text, expected):
-    from operations.features import derived_max_len
+    from resolve.features import derived_max_len
 
     assert derived_max_len(text) == expected

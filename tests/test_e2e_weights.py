@@ -46,7 +46,7 @@ from pyinfra.operations import files
 from models.validate import load_deployment
 from operations import runtime, weights
 from operations.gpu import NvidiaGpus
-from operations.plan import make_plan
+from resolve.plan import make_plan
 
 deployment = load_deployment(host)
 plan = make_plan(deployment, host.name, host.get_fact(NvidiaGpus))

@@ -7,8 +7,8 @@ import pytest
 
 from models.catalog import load_entry
 from operations.checkpoint import apply_patch
-from operations.compat import STRIP_KV_CACHE_QUANT
-from operations.features import KV_CACHE_DECLARATIONS, config_repo, dotted_get, model_features, text_config
+from resolve.compat import STRIP_KV_CACHE_QUANT
+from resolve.features import KV_CACHE_DECLARATIONS, config_repo, dotted_get, model_features, text_config
 from testbed import tiny_model
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

@@ -16,7 +16,7 @@ from pyinfra.api import Inventory
 
 from models.validate import DataSources, load_deployment
 from operations.gpu import NvidiaGpus
-from operations.plan import RefusedError, make_plan
+from resolve.plan import RefusedError, make_plan
 from testbed.hub_mirror import HubMirror, publish_repo
 from testbed.wheel_index import WheelIndex
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from models.catalog import load_entry
-from operations import vllm_build
+from resolve import vllm_build
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES = sorted((REPO / "patches" / "glm-5").glob("*.patch"))

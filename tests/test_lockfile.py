@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from operations import lockfile
+from resolve import lockfile
 from testbed.hub_mirror import publish_repo
 from testbed.tiny_model import write_tiny_llama
 

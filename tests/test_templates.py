@@ -9,7 +9,7 @@ import pytest
 from pyinfra.api.util import get_template
 
 from operations.checkpoint import apply_patch, render_json
-from operations.plan import argument_lines, quoted
+from resolve.plan import argument_lines, quoted
 from operations.release import launcher_lines
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"

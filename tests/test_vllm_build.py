@@ -2,7 +2,7 @@
 
 Each trap from shared/FACTS.md ("What the operators learned about installing vLLM nightly") is a
 pair: the naive command an operator would type fails or installs the wrong build; the install
-heavylift computes (operations.vllm_build.resolve + operations.runtime.install_arguments) gets
+heavylift computes (resolve.vllm_build.resolve + operations.runtime.install_arguments) gets
 exactly the build asked for. The indexes are tiny fake wheels laid out like wheels.vllm.ai and
 served on 127.0.0.1 (testbed/wheel_index.py); a PyPI stand-in is uv's default index. No SSH.
 """
@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from models.schema import VllmRuntime
-from operations import lockfile, runtime, vllm_build
+from resolve import lockfile, vllm_build
+from operations import runtime
 from conftest import uv_binary
 from testbed.wheel_index import WheelIndex
 

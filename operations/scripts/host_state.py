@@ -75,7 +75,7 @@ def venv_build(venv_path):
 
 
 def snapshot_of(root, model):
-    """The content folder of 'repo@commit' (operations/layout.py Layout.content)."""
+    """The content folder of 'repo@commit' (resolve/layout.py Layout.content)."""
     if not model:
         return None
     repo, _, commit = model.partition("@")

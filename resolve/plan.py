@@ -12,9 +12,11 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from . import checkpoint, compat, lockfile, runtime, vllm_build, weights
+from operations import checkpoint, runtime, weights
+
+from . import compat, lockfile, vllm_build
 from .features import config_repo, model_features
-from .gpu import GpuInventory
+from operations.gpu import GpuInventory
 from .layout import Layout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ checkpoint config patch, vLLM arguments, environment changes, extra packages, wa
 refusals (each with its fix). Most rules are plain data; the few that compare numbers (tensor
 parallel size vs GPUs and heads, weights vs GPU memory, ...) carry a ``check`` function but live in
 the same table with the same metadata. docs/compatibility.md is generated from the table
-(``python -m operations.compat --markdown``).
+(``python -m resolve.compat --markdown``).
 
 Versions: a rule's ``vllm`` range is a PEP 440 specifier set, compared in plain PEP 440 order with
 pre-releases and nightlies included (``version_matches``): ``0.16.0rc2.dev314+gf72061a19`` is
@@ -30,7 +30,7 @@ from packaging.version import Version
 from models.schema import ConfigPatch, JsonPatch
 
 from .features import KV_CACHE_DECLARATIONS, ModelFeatures
-from .gpu import GpuInventory
+from operations.gpu import GpuInventory
 
 # ---------------------------------------------------------------- what the site asks for
 
@@ -1175,9 +1175,9 @@ def rules_markdown(rules: tuple[Rule, ...] = RULES) -> str:
     lines = [
         "# Compatibility rules",
         "",
-        "Generated from `operations/compat.py` (`RULES`) by `python -m operations.compat --markdown`;",
+        "Generated from `resolve/compat.py` (`RULES`) by `python -m resolve.compat --markdown`;",
         "a test fails when this file and the table differ. Each rule is a condition over the host's GPUs",
-        "(`operations/gpu.py`), the checkpoint's features (`operations/features.py`), the vLLM build and what",
+        "(`operations/gpu.py`), the checkpoint's features (`resolve/features.py`), the vLLM build and what",
         "the site asked for, and an outcome: a patch of the checkpoint configs (rendered into the overlay),",
         "vLLM arguments, environment changes, extra packages, a warning, a note, or a refusal with its fix.",
         "",

@@ -3,7 +3,7 @@
 It sits beside the inventory (``inventory/site.py`` -> ``inventory/site.lock.json``).
 A Hub branch such as ``main`` is resolved to its commit the first time and read from
 the lock afterwards; so is ``vllm: {"nightly": "latest"}`` (key ``vllm nightly <wheel index>
-<variant>``: exact version and full commit, operations/vllm_build.py). ``refresh_lock: true`` in
+<variant>``: exact version and full commit, resolve/vllm_build.py). ``refresh_lock: true`` in
 host data (or ``--data refresh_lock=true``) resolves again. Dry runs resolve but never write.
 """
 
