@@ -151,8 +151,11 @@ def serve(source: SourcePlan, layout, settings, secret_env: dict[str, SecretStr]
                 shell="/usr/sbin/nologin", ensure_home=False)
     files.directory(name="site source folders", path=posixpath.join(paths.folder, "run"))
     files.directory(name="site source private folder (0700)", path=paths.private_dir, mode="700")
+    # the snapshot, its manifest (what the server reads first) and the server's script; a hardened
+    # host's umask makes them root-only (operations/permissions.py)
     permissions.readable_by_service(
-        name="site source files readable by the service user", trees=[content_dir, layout.scripts], root=layout.root,
+        name="site source files readable by the service user",
+        trees=[content_dir, content_dir + ".manifest.json", layout.scripts], root=layout.root,
     )
     script = posixpath.join(layout.scripts, SERVER_SCRIPT)
     launcher_text = get_template(f"{templates}/site-source.sh.j2").render(
