@@ -144,19 +144,25 @@ class Follower(threading.Thread):
         self.digest = None
 
     def run(self):
+        # one buffer, read into (no allocation per block: eight threads mapping and unmapping 8 MiB
+        # blocks spend more time in the kernel than in sha256); hashlib releases the GIL while it hashes
         digest, have = hashlib.sha256(), 0
-        with open(self.path, "rb") as handle:
+        buffer = memoryview(bytearray(BLOCK))
+        while not os.path.exists(self.path):  # curl creates it
+            if self.writer_done.is_set() and not os.path.exists(self.path):
+                return
+            time.sleep(0.005)
+        with open(self.path, "rb", buffering=0) as handle:
             while have < self.size:
-                chunk = handle.read(min(BLOCK, self.size - have))
-                if chunk:
-                    digest.update(chunk)
-                    have += len(chunk)
-                elif self.writer_done.is_set():
-                    chunk = handle.read(min(BLOCK, self.size - have))  # what came in before the writer ended
-                    if not chunk:
+                count = handle.readinto(buffer[:min(BLOCK, self.size - have)])
+                if not count and self.writer_done.is_set():
+                    # what came in just before the writer ended, else nothing more will
+                    count = handle.readinto(buffer[:min(BLOCK, self.size - have)])
+                    if not count:
                         break
-                    digest.update(chunk)
-                    have += len(chunk)
+                if count:
+                    digest.update(buffer[:count])
+                    have += count
                 else:
                     time.sleep(0.005)
         self.digest = digest.hexdigest() if have == self.size else None
@@ -196,10 +202,13 @@ def download_child(spec_path):
         partial = partial_path(folder, name, want["sha256"])
         os.makedirs(os.path.dirname(partial), exist_ok=True)
         adopt_partial(partial)
-        with open(partial, "ab") as handle:
-            if handle.tell() > want["size"] or not resume:
-                handle.truncate(0)
-            have = handle.tell()
+        have = os.path.getsize(partial) if os.path.exists(partial) else 0
+        if have > want["size"] or not resume or have == 0:
+            # curl makes the file itself: an existing file truncated and rewritten is flushed to disk on
+            # close (ext4 auto_da_alloc, ext4(5)), measured 4.5x slower for 1 GB on loopback
+            if os.path.exists(partial):
+                os.remove(partial)
+            have = 0
         follower = Follower(partial, want["size"])
         follower.start()
         process = None
