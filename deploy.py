@@ -147,9 +147,12 @@ if site_source is not None:
 if site_source is None or site_source.fills_from_hub:
     weights.downloaded(name=f"weights {plan.snapshot.repo}@{plan.snapshot.commit[:12]}", **weights_args)
 # pyinfra runs each operation on every host before the next: the source's download and server come first
+source_service = None
 if site_source is not None and site_source.fills_from_hub:
-    sitesource.serve(site_source, layout, deployment.settings, secret_env, str(TEMPLATES), content_dir,
-                     service.manager_of(deployment.settings.service_manager))
+    source_service = sitesource.serve(site_source, layout, deployment.settings, secret_env, str(TEMPLATES), content_dir,
+                                      service.manager_of(deployment.settings.service_manager))
+if site_source is not None:  # on every host: orders the others' copy after the source's server
+    sitesource.answering(name="site source answers", source=site_source, started=source_service)
 if site_source is not None and not site_source.fills_from_hub:
     source_headers = sitesource.copy_token(layout, secret_env)
     weights.downloaded(

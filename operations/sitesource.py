@@ -142,8 +142,8 @@ def copy_token(layout, secret_env: dict[str, SecretStr]) -> str | None:
 def serve(source: SourcePlan, layout, settings, secret_env: dict[str, SecretStr], templates: str,
           content_dir: str, manager: str):
     """On the source host: the site source's server running as the service user under systemd or
-    start-stop-daemon, restarted when its script, launcher, token or unit changed, answering before
-    the next operation (the others' copy) starts."""
+    start-stop-daemon, restarted when its script, launcher, token or unit changed. Returns the service
+    operation, for ``answering``, which every host calls next."""
     paths = SourcePaths(layout.root)
     user = settings.service_user
     # vLLM's stage makes these later; the server needs them first (both operations no-op the second time)
@@ -185,22 +185,28 @@ def serve(source: SourcePlan, layout, settings, secret_env: dict[str, SecretStr]
             pidfile=paths.pidfile, logfile=paths.logfile, dependencies=dependencies, grace_seconds=10,
             user=user, home=layout.service_home,
         )
-    probe = "127.0.0.1" if source.bind_address in ("0.0.0.0", "::") else source.bind_address
-    answering(name="site source answers", url=f"http://{probe if ':' not in probe else f'[{probe}]'}:{source.port}",
-              started=[running])
     return running
 
 
 @operation()
-def answering(url: str, started: list, seconds: int = 30):
+def answering(source: SourcePlan, started=None, seconds: int = 30):
     """
-    The site source's server answers its health check, waited for after a (re)start in this run.
+    The site source's server answers its health check, waited for on the source after a (re)start in
+    this run. Called on every host from one place: pyinfra 3.10 orders the operations of different
+    hosts by a topological sort of each host's own sequence (``State.get_op_order``), so an
+    operation the others do not share could run before the source's server; this one, shared by
+    all, comes after the server on the source and before the copy on the others.
 
-    + url: the server's base URL, as the host itself reaches it
-    + started: the service operation; only a start or restart in this run is waited for
+    + source: the host's part of the site source (``plan_for``)
+    + started: the service operation on the source host (None on the others)
     + seconds: how long to wait
     """
-    if not service.changed_in_this_run(started):
+    if not source.fills_from_hub:
+        host.noop(f"the site source {source.host} fetched and serves before this host copies")
+        return
+    probe = "127.0.0.1" if source.bind_address in ("0.0.0.0", "::") else source.bind_address
+    url = f"http://{probe if ':' not in probe else f'[{probe}]'}:{source.port}"
+    if not service.changed_in_this_run([started]):
         host.noop(f"the site source at {url} was running already and nothing it depends on changed")
         return
     health = f"{url}/heavylift/health"

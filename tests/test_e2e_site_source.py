@@ -73,9 +73,12 @@ if site_source is not None:
     sitesource.upload_scripts(layout, weights.SCRIPTS_DIR)
 if site_source is None or site_source.fills_from_hub:
     weights.downloaded(name=f"weights {{plan.snapshot.repo}}@{{plan.snapshot.commit[:12]}}", **weights_args)
+source_service = None
 if site_source is not None and site_source.fills_from_hub:
-    sitesource.serve(site_source, layout, settings, secret_env, {str(REPO_ROOT / "templates")!r}, content_dir,
-                     service.manager_of(settings.service_manager))
+    source_service = sitesource.serve(site_source, layout, settings, secret_env, {str(REPO_ROOT / "templates")!r},
+                                      content_dir, service.manager_of(settings.service_manager))
+if site_source is not None:  # on every host: orders the others' copy after the source's server
+    sitesource.answering(name="site source answers", source=site_source, started=source_service)
 if site_source is not None and not site_source.fills_from_hub:
     source_headers = sitesource.copy_token(layout, secret_env)
     weights.downloaded(
