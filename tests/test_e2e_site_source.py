@@ -139,6 +139,15 @@ def run(site, *args):
                        env={"HEAVYLIFT_PROGRESS_SECONDS": "0.5", "HEAVYLIFT_TEST_HF_TOKEN": TOKEN})
 
 
+def snapshot_files(site) -> dict:
+    """The upstream's files the catalog entry's allow_patterns take: path -> (size, sha256)."""
+    from models.catalog import load_entry
+    from operations.weights import matches
+
+    patterns = load_entry("tiny-llama").hub.allow_patterns
+    return {path: entry for path, entry in site["upstream"].files.items() if matches(path, patterns)}
+
+
 def upstream_bytes(site) -> int:
     return sum(site["upstream"].served.values())
 
@@ -146,7 +155,7 @@ def upstream_bytes(site) -> int:
 def assert_host_matches_upstream(site, name):
     host = site["bed"][name]
     manifest = json.loads(host.run(["cat", site["manifest"]], check=True).stdout)
-    expected = {path: sha for path, (_size, sha) in site["upstream"].files.items()}
+    expected = {path: sha for path, (_size, sha) in snapshot_files(site).items()}
     assert {path: entry["sha256"] for path, entry in manifest["files"].items()} == expected, name
     listed = host.run(["sh", "-c", f"cd {site['content']} && sha256sum " + " ".join(sorted(expected))], check=True)
     assert {line.split()[1]: line.split()[0] for line in listed.stdout.splitlines()} == expected, name
@@ -157,7 +166,7 @@ def test_a_one_run_fetches_once_from_upstream_and_every_host_verifies(site):
     upstream.reset_counts()
     first = run(site, "-vvv")
     assert first.returncode == 0, first.output[-6000:]
-    checkpoint = sum(size for size, _sha in upstream.files.values())
+    checkpoint = sum(size for size, _sha in snapshot_files(site).values())
     served = upstream_bytes(site)
     print(f"upstream sent {served} bytes for a {checkpoint}-byte checkpoint and 3 hosts ({served / checkpoint:.2f}x)")
     assert served == checkpoint  # once, for the source: not once per host
