@@ -442,6 +442,17 @@ class VllmRuntime(Strict):
         return self
 
 
+def _ip_or_host_name(value: str | None) -> str | None:
+    if value is None:
+        return value
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not HOSTNAME.match(value):
+            raise ValueError(f"{value!r} is not an IP address or host name") from None
+    return value
+
+
 class MultiNode(Strict):
     """One vLLM instance over several hosts (resolve/nodes.py): every host of the group names the same
     deployment and its own node_rank; rank 0 is the leader (the API server), the others run --headless."""
@@ -464,14 +475,7 @@ class MultiNode(Strict):
     @field_validator("address")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            if not HOSTNAME.match(value):
-                raise ValueError(f"{value!r} is not an IP address or host name") from None
-        return value
+        return _ip_or_host_name(value)
 
     @field_validator("interface")
     @classmethod
@@ -480,6 +484,39 @@ class MultiNode(Strict):
         if value is not None and not re.match(r"^[A-Za-z0-9_.:-]{1,15}$", value):
             raise ValueError(f"{value!r} is not a network interface name (at most 15 letters, digits, '_', '.', ':', '-')")
         return value
+
+
+class SiteSource(Strict):
+    """One host of the site fetches the checkpoint from the Hub once and serves its verified copy to the
+    others over the LAN (operations/sitesource.py)."""
+
+    host: str = Field(
+        description="the inventory name of the host that fetches from the Hub (hf_endpoint) and serves the others; "
+        "it may be a host that already holds the verified snapshot"
+    )
+    port: int = Field(default=8391, ge=1, le=65535, description="the port of the site source's server on that host")
+    address: str | None = Field(
+        default=None,
+        description="how the other hosts reach that host (IP address or name); its ssh_hostname, else its inventory "
+        "name, when unset",
+    )
+    bind_address: str = Field(default="0.0.0.0", description="the address the site source's server listens on")
+    wait_seconds: int = Field(
+        default=60, ge=0, le=86400,
+        description="how long a host waits for the site source to hold the verified snapshot before its run fails",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, value: str) -> str:
+        if not value.strip() or value != value.strip():
+            raise ValueError(f"{value!r} is not an inventory host name")
+        return value
+
+    @field_validator("address", "bind_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        return _ip_or_host_name(value)
 
 
 class SiteSettings(Strict):
@@ -491,6 +528,11 @@ class SiteSettings(Strict):
     bind_address: str = Field(default="127.0.0.1", description="address vLLM listens on")
     root: str = Field(default="/opt/heavylift", description="where heavylift keeps runtimes, weights and releases on the host")
     hf_endpoint: str | None = Field(default=None, description="Hub mirror URL (HF_ENDPOINT); the public Hub when unset")
+    site_source: SiteSource | None = Field(
+        default=None,
+        description="weights fetched once per site: the host named here fetches from the Hub (hf_endpoint) and serves "
+        "its verified snapshot; every other host copies it from there over the LAN and verifies it",
+    )
     vllm: VllmRuntime
     uv_version: str = Field(default="0.13.9", description="uv release installed on the host (from PyPI's uv package)")
     uv_cache_dir: str | None = Field(

@@ -81,6 +81,14 @@ SITE_HINTS: dict[str, str] = {
     "vllm.wheelhouse": 'set vllm.wheelhouse to an absolute folder of wheels on the host, e.g. "/srv/wheelhouse"',
     "vllm.wheelhouse_upload": "set vllm.wheelhouse_upload to a folder of wheels on this machine (with vllm.wheelhouse, "
     "where it goes on the host), or remove it",
+    "site_source": 'set site_source to a dict naming the host that fetches from the Hub and serves the others, e.g. '
+    '{"host": "gpu-node-1"} (keys: host, port, address, bind_address, wait_seconds), or remove it',
+    "site_source.host": "set site_source.host to the inventory name of one host of the site",
+    "site_source.port": "set site_source.port to a free TCP port between 1 and 65535 (default 8391)",
+    "site_source.address": 'set site_source.address to the IP address or name the other hosts reach the source by, '
+    'e.g. "10.0.0.11", or remove it to use its ssh_hostname',
+    "site_source.bind_address": 'set site_source.bind_address to an IP address such as "0.0.0.0" or "10.0.0.11"',
+    "site_source.wait_seconds": "set site_source.wait_seconds to the seconds a host waits for the source (0-86400)",
     "keep_venvs": "set keep_venvs to how many vLLM venvs to keep for rollback (1-50; default 3)",
     "uv_version": 'give uv_version as an exact PEP 440 version in quotes, e.g. "0.13.9"',
     "uv_cache_dir": 'set uv_cache_dir to an absolute folder on the host, e.g. "/var/cache/uv", or remove it to use '
@@ -468,6 +476,7 @@ def validate_hosts(
             problems.extend(result)
     for name, users in unsupported.items():
         problems.append(_unsupported(name, users, catalog, sources, gpus_of))
+    problems.extend(_site_source_problems(hosts, deployments, sources))
     return deployments, problems
 
 
@@ -481,6 +490,49 @@ def _sources_of_this_run() -> DataSources | None:
     from resolve.context import RunContext
 
     return DataSources.of_run(RunContext.of_pyinfra(state))
+
+
+def _site_source_problems(hosts: list[Host], deployments: dict[str, Deployment], sources: DataSources | None) -> list[str]:
+    """The site source against the whole inventory: it names one of its hosts, which deploys the same
+    checkpoint and names itself (so it fetches from the Hub and serves), on a port vLLM does not use."""
+    if not hosts:
+        return []
+    names = [h.name for h in hosts[0].inventory]
+    problems = []
+    for host in hosts:
+        deployment = deployments.get(host.name)
+        wanted = deployment.settings.site_source if deployment else None
+        if wanted is None:
+            continue
+        where = _prefix(host, origin_of(host, "site_source", sources)) + "field 'site_source"
+        if wanted.host not in names:
+            problems.append(
+                f"{where}.host': {wanted.host!r} is not a host of this inventory (hosts: {', '.join(names)}). "
+                "Fix: name the host that fetches the checkpoint from the Hub and serves the others."
+            )
+            continue
+        source = deployments.get(wanted.host)
+        if source is None:  # not in this run (--limit) or invalid itself: the fetch says whether it serves
+            continue
+        theirs = source.settings.site_source
+        if theirs is None or theirs.host != wanted.host or theirs.port != wanted.port:
+            problems.append(
+                f"{where}': host {wanted.host!r} is the site source here, but its own data "
+                + ("has no site_source" if theirs is None else f"says site_source host {theirs.host!r} port {theirs.port}")
+                + ", so it would not serve. Fix: give every host of the site the same site_source (a group_data file)."
+            )
+        elif (source.entry.hub.repo, source.entry.hub.revision) != (deployment.entry.hub.repo, deployment.entry.hub.revision):
+            problems.append(
+                f"{where}.host': the site source {wanted.host!r} deploys {source.entry.hub.repo}@{source.entry.hub.revision} "
+                f"(model {source.settings.model!r}), not {deployment.entry.hub.repo}@{deployment.entry.hub.revision}. "
+                "Fix: name a source host that deploys the same model, or give the hosts of each model their own site_source."
+            )
+        if wanted.host == host.name and wanted.port == deployment.settings.port:
+            problems.append(
+                f"{where}.port': {wanted.port} is also the port vLLM serves on (field 'port'). "
+                "Fix: give the site source another port (default 8391)."
+            )
+    return problems
 
 
 _RESULTS: weakref.WeakKeyDictionary[Inventory, dict[str, tuple[dict[str, Deployment], list[str]]]] = weakref.WeakKeyDictionary()

@@ -22,10 +22,10 @@ from pyinfra.operations.util.files import generate_color_diff
 from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
-from resolve import nodes
+from resolve import nodes, sitesource as site_source_plan
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
-from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, supervisor, waves, weights
+from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
 from .gpu import NvidiaGpus
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -57,6 +57,8 @@ def planned() -> tuple[Plan, RunContext]:
     role = nodes.role_of(
         host, lambda other: load_deployment(other, sources=sources), lambda other, key: origin_of(other, key, sources).label
     )
+    # weights fetched once per site: this host fetches from the Hub and serves, or copies from the source host
+    site_source = site_source_plan.plan_for(deployment.settings, host.name, ssh_hostname_of)
     gpus = host.get_fact(NvidiaGpus)
     gpu_selection(deployment, gpus, f"{origin('gpus')}, {where}")
     # a GPU image's own torch, reused by the venv (vllm.host_packages): what the host's Python has
@@ -66,13 +68,20 @@ def planned() -> tuple[Plan, RunContext]:
     neighbours.check(deployment, host.name, gpus.count, origin)
     try:
         plan = make_plan(
-            deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role
+            deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role,
+            site_source=site_source,
         )
     except RefusedError as refusal:
         raise HeavyliftConfigError(
             f"{refusal.where or deployment.entry_file.name}: {where} ({gpus.summary()}): {refusal} No host was changed."
         ) from None
     return plan, context
+
+
+def ssh_hostname_of(name: str) -> str | None:
+    """The address pyinfra reaches an inventory host by (its ssh_hostname), None when unknown or unset."""
+    other = host.inventory.get_host(name, None)
+    return getattr(other.data, "ssh_hostname", None) if other is not None else None
 
 
 def report_resolution(plan) -> None:
@@ -140,13 +149,31 @@ def weights_present(plan):
     # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
     weights.preflight(part.snapshot, part.content_dir, part.manifest, part.verify, part.disk_margin_gb,
                       freed_bytes=before.freed_bytes)
-    weights.downloaded(
-        name=f"weights {part.snapshot.repo}@{part.snapshot.commit[:12]}",
+    download = dict(
         snapshot=part.snapshot, local_dir=part.content_dir, manifest=part.manifest,
         python=f"{plan.runtime.hub_venv.path}/bin/python", script_dir=layout.scripts, endpoint=part.hf_endpoint,
         workers=part.workers, verify=part.verify, disk_margin_gb=part.disk_margin_gb, stall_seconds=part.stall_seconds,
         tries=part.tries, token_file=token_file, freed_bytes=before.freed_bytes,
     )
+    name = f"weights {part.snapshot.repo}@{part.snapshot.commit[:12]}"
+    source = part.site_source
+    if source is None:
+        weights.downloaded(name=name, **download)
+        return host_state, before
+    # a site source: its host fetches from the Hub and serves the verified snapshot; the others copy it from
+    # there. pyinfra runs each operation on every host before the next, so the source's download and server
+    # come first; `answering`, on every host, orders the copy after the server (operations/sitesource.py)
+    sitesource.upload_scripts(layout, weights.SCRIPTS_DIR)
+    started = None
+    if source.fills_from_hub:
+        weights.downloaded(name=name, **download)
+        started = sitesource.serve(source, layout, plan.service.user, part.token, str(TEMPLATES), part.content_dir,
+                                   service.manager_of(plan.service.manager))
+    sitesource.answering(name="site source answers", source=source, started=started)
+    if not source.fills_from_hub:
+        headers = sitesource.copy_token(layout, part.token)
+        weights.downloaded(name=f"{name} from the site source {source.host}",
+                           source=sitesource.fetch_source(source, headers), **download)
     return host_state, before
 
 

@@ -95,6 +95,13 @@ def stale_release(pid_source: str, releases_dir: str, release: str | None) -> st
     return f"vLLM (pid {running['pid']}) runs {started}, not the current release {release}"
 
 
+def manager_of(setting: str) -> str:
+    """The service manager the site's ``service_manager`` means on this host: systemd or fallback."""
+    if setting == "auto":
+        return "systemd" if host.get_fact(InitSystem) == "systemd" else "fallback"
+    return setting
+
+
 def changed_in_this_run(dependencies: list[OperationMeta]) -> bool:
     """Did (or, while planning, will) any of these operations change the host?"""
     if state.is_executing:

@@ -249,7 +249,8 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
 @operation()
 def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, script_dir: str,
                endpoint: str | None = None, workers: int = 8, verify: str = "fast", disk_margin_gb: float = 20,
-               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None, freed_bytes: int = 0):
+               stall_seconds: int = 300, tries: int = 5, token_file: str | None = None, freed_bytes: int = 0,
+               source: dict | None = None):
     """
     A pinned Hub snapshot present and verified in ``local_dir``.
 
@@ -270,6 +271,8 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
       never passed in argv or the request file
     + freed_bytes: what an earlier operation of the run frees before this one (old snapshots); counted
       while planning only: when this runs, the free space read then already includes it
+    + source: fetch from the site source instead of the Hub (operations/sitesource.py: ``{"url", "name",
+      "header_file", "wait_seconds"}``), with site_fetch.py; verified and recorded the same way
     """
     if verify not in ("fast", "full"):
         raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
@@ -297,11 +300,13 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
     }
     if token_file:
         spec["token_file"] = token_file
+    if source:
+        spec["source"] = source
     spec_path = manifest.removesuffix(".json") + ".request.json"
     yield from files.put._inner(src=StringIO(json.dumps(spec, indent=1)), dest=spec_path)
     # the script removes a stale manifest before it changes the folder, and writes the new one
     # only after every file verifies
     yield StringCommand(
         "env", "HF_HUB_DISABLE_PROGRESS_BARS=1", QuoteString(python),
-        QuoteString(posixpath.join(script_dir, "fetch_weights.py")), QuoteString(spec_path),
+        QuoteString(posixpath.join(script_dir, "site_fetch.py" if source else "fetch_weights.py")), QuoteString(spec_path),
     )

@@ -25,6 +25,7 @@ from .gpus import GpuInventory, selected
 from .hub import Hub, HubClient, Snapshot, snapshot as hub_snapshot
 from .launcher import argument_lines, launcher_lines, quoted, release_id, vllm_command  # noqa: F401
 from .layout import Layout
+from .sitesource import SourcePlan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # the Hub client heavylift runs on the host for downloads (not vLLM's own copy)
@@ -69,6 +70,8 @@ class WeightsPart:
     tries: int
     keep_snapshots: int
     token: SecretStr | None = None  # the host's download needs it for a gated repository
+    # weights fetched once per site: this host fetches from the Hub and serves, or copies from the source
+    site_source: SourcePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -439,7 +442,7 @@ def render_template(name: str, **values) -> str:
 def make_plan(
     deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None, origin=None,
     context: RunContext | None = None, hub: Hub | None = None, secrets: dict | None = None,
-    role: nodes.NodeRole | None = None,
+    role: nodes.NodeRole | None = None, site_source: SourcePlan | None = None,
 ) -> Plan:
     """The whole desired state of one host.
 
@@ -448,6 +451,7 @@ def make_plan(
     + hub: the Hub planning asks (default: the site's hf_endpoint with the site's token)
     + secrets: env name -> SecretStr as resolve/secrets.py read them on the control machine
     + role: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own
+    + site_source: this host's part of the site source (resolve/sitesource.py plan_for), None without one
     """
     settings, entry = deployment.settings, deployment.entry
     context = context or RunContext.build(Path.cwd())
@@ -556,6 +560,7 @@ def make_plan(
             hf_endpoint=settings.hf_endpoint, workers=settings.download_workers, verify=settings.verify,
             disk_margin_gb=settings.disk_margin_gb, stall_seconds=settings.download_stall_seconds,
             tries=settings.download_tries, keep_snapshots=settings.keep_snapshots, token=token,
+            site_source=site_source,
         ),
         overlay=OverlayPart(rendered=rendered, pristine=pristine_texts, link_names=link_names),
         release=ReleasePart(

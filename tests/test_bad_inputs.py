@@ -334,6 +334,12 @@ CLI_CASES = [
          "Fix: name exactly 1 GPUs"),
     ),
     Case(
+        "site source not in the inventory",
+        set_("site_source", {"host": "gpu-node-9"}),
+        ("{inventory}, host '@local': field 'site_source.host': 'gpu-node-9' is not a host of this inventory "
+         "(hosts: @local). Fix: name the host that fetches the checkpoint from the Hub and serves the others.",),
+    ),
+    Case(
         "stops before the first change",
         set_("port", 70000),
         ("field 'port'",),
@@ -934,6 +940,27 @@ HOST_CASES = [
      "site.py, host 'gpu1': field 'max_unavailable': wave_size and max_unavailable both say how many hosts restart at a "
      "time: keep one (got '25%'). Fix: set max_unavailable to a number of hosts (e.g. 2) or a share of the deployment's "
      "hosts (e.g. \"25%\"); with wave_size set too, remove one of the two"),
+    # the site source (operations/sitesource.py)
+    (set_("site_source", "gpu1"),
+     "field 'site_source': Input should be a valid dictionary or instance of SiteSource (got 'gpu1', a string). "
+     "Fix: write site_source as a mapping of keys to values; set site_source to a dict naming the host"),
+    (set_("site_source", {"host": "gpu1", "port": 0}),
+     "field 'site_source.port': Input should be greater than or equal to 1 (got 0). Fix: set site_source.port to a free "
+     "TCP port between 1 and 65535 (default 8391)"),
+    (set_("site_source", {"host": "gpu1", "address": "http://10.0.0.5:8391"}),
+     "field 'site_source.address': 'http://10.0.0.5:8391' is not an IP address or host name. Fix: set "
+     "site_source.address to the IP address or name the other hosts reach the source by"),
+    (set_("site_source", {"host": "gpu1", "prot": 8391}),
+     "unknown key 'site_source.prot' in 'site_source' (did you mean 'site_source.port'?)"),
+    (set_("site_source", {"port": 8391}),
+     "site.py, host 'gpu1': field 'site_source.host' is missing. Fix: set site_source.host to the inventory name of "
+     "one host of the site."),
+    (set_("site_source", {"host": "gpu9"}),
+     "site.py, host 'gpu1': field 'site_source.host': 'gpu9' is not a host of this inventory (hosts: gpu1). Fix: name "
+     "the host that fetches the checkpoint from the Hub and serves the others."),
+    (lambda data: data.update(site_source={"host": "gpu1", "port": 8000}, port=8000),
+     "site.py, host 'gpu1': field 'site_source.port': 8000 is also the port vLLM serves on (field 'port'). Fix: give the "
+     "site source another port (default 8391)."),
 ]
 
 
@@ -1153,6 +1180,38 @@ def test_every_host_is_checked_and_all_problems_reported_at_once(tmp_path):
     assert message.startswith("2 problems in the inventory and model catalog; no host was changed:")
     assert "site.py, host 'gpu2': field 'port'" in message
     assert "model 'glm-5' is not supported by heavylift (chosen for hosts 'gpu3', 'gpu4' in site.py)" in message
+
+
+def site_inventory(source_data: dict, peer_data: dict) -> Inventory:
+    inventory = Inventory(([("gpu1", source_data), ("gpu2", peer_data)], {}))
+    inventory.get_active_hosts = lambda: list(inventory)  # what pyinfra's State provides in a run
+    return inventory
+
+
+def test_a_site_source_that_would_not_serve_stops_the_run(tmp_path):
+    """gpu2 copies from gpu1, whose own data names no site source (it would never start the server)."""
+    source = {"model": "tiny-llama", "vllm": GOOD_VLLM}
+    peer = {**source, "site_source": {"host": "gpu1"}}
+    message = message_of(site_inventory(source, peer).get_host("gpu2"), tmp_path)
+    assert ("site.py, host 'gpu2': field 'site_source': host 'gpu1' is the site source here, but its own data has no "
+            "site_source, so it would not serve. Fix: give every host of the site the same site_source") in message, message
+
+
+def test_a_site_source_with_another_model_stops_the_run(tmp_path):
+    peer = {"model": "tiny-llama", "vllm": GOOD_VLLM, "site_source": {"host": "gpu1"}}
+    source = {**peer, "model": "tiny-mla"}
+    message = message_of(site_inventory(source, peer).get_host("gpu1"), tmp_path)
+    assert "site.py, host 'gpu2': field 'site_source.host': the site source 'gpu1' deploys heavylift/tiny-mla@" in message
+    assert "(model 'tiny-mla'), not heavylift/tiny-llama@" in message, message
+    assert "Fix: name a source host that deploys the same model" in message
+
+
+def test_a_site_with_a_site_source_is_valid(tmp_path):
+    data = {"model": "tiny-llama", "vllm": GOOD_VLLM, "site_source": {"host": "gpu1", "port": 8391}}
+    inventory = site_inventory(dict(data), dict(data))
+    for name in ("gpu1", "gpu2"):
+        deployment = load_deployment(inventory.get_host(name), sources=sources_for(tmp_path))
+        assert deployment.settings.site_source.host == "gpu1"
 
 
 def test_group_data_file_is_named_over_the_inventory(tmp_path):

@@ -286,6 +286,17 @@ def download_child(spec_path):
             pass
 
 
+def hashed_by(result):
+    """The files a download hashed itself (a dict from site_fetch.py); download_watched returns a count."""
+    return result if isinstance(result, dict) else {}
+
+
+def same_file(path, record):
+    """Whether ``path`` still has the size and mtime a record was taken with (the manifest's own rule)."""
+    info = stat_or_none(path)
+    return info is not None and info.st_size == record["size"] and info.st_mtime_ns == record["mtime_ns"]
+
+
 def load_manifest(path):
     try:
         with open(path) as handle:
@@ -310,7 +321,9 @@ def remove_manifest(path):
 
 def main(spec_path, download=None):
     """``download(spec_path, spec, need, total)`` fetches the names in ``need`` (default
-    ``download_watched``; the unit tests put huggingface_hub's stand-in there)."""
+    ``download_watched``; the unit tests put huggingface_hub's stand-in there). A download that
+    hashes while it writes (site_fetch.py) returns ``{name: {"size", "mtime_ns", "sha256"}}`` of the
+    files it put in place: those are not read again while their size and mtime are unchanged."""
     download = download or download_watched
     with open(spec_path) as handle:
         spec = json.load(handle)
@@ -354,6 +367,7 @@ def main(spec_path, download=None):
 
     # 2. fetch what is missing; the manifest goes first, before the folder changes
     need = sorted(name for name in wanted if name not in trusted)
+    prehashed = {}  # name -> what the download hashed while it wrote the file
     resumable, stale = sort_partials(folder, wanted, need)
     for path in stale:
         os.remove(path)
@@ -368,7 +382,7 @@ def main(spec_path, download=None):
         print(f"downloading {len(need)} files, {human_bytes(total)}{resumed}", flush=True)
         fetch_started = time.monotonic()
         try:
-            download(spec_path, spec, need, total)
+            prehashed.update(hashed_by(download(spec_path, spec, need, total)))
         except DownloadFailed as failure:
             sys.exit(str(failure))
         seconds = time.monotonic() - fetch_started
@@ -389,7 +403,9 @@ def main(spec_path, download=None):
             if info.st_size != wanted[name]["size"]:
                 sys.exit(f"{name}: {info.st_size} bytes on disk, the Hub lists {wanted[name]['size']}")
             fetched[name] = path
-        digests = hash_files(list(fetched.values()))
+        known = {path: prehashed[name]["sha256"] for name, path in fetched.items()
+                 if name in prehashed and same_file(path, prehashed[name])}
+        digests = {**hash_files([path for path in fetched.values() if path not in known]), **known}
         wrong = {}
         for name, path in fetched.items():
             expected = wanted[name].get("sha256")
@@ -406,7 +422,7 @@ def main(spec_path, download=None):
             os.remove(os.path.join(folder, name))
         need = sorted(wrong)
         try:
-            download(spec_path, spec, need, sum(wanted[name]["size"] for name in need))
+            prehashed.update(hashed_by(download(spec_path, spec, need, sum(wanted[name]["size"] for name in need))))
         except DownloadFailed as failure:
             sys.exit(str(failure))
 
