@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -23,7 +22,6 @@ from .weights import human_bytes
 # status.py --data json=true: each host's document, printed together when the run ends
 COLLECTED: dict[str, dict] = {}
 
-HOST_STATE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "host_state.py"
 
 
 class HostState(FactBase):
@@ -31,7 +29,7 @@ class HostState(FactBase):
 
     def command(self, root, light=False):
         # light: no /health request, no nvidia-smi (deploy.py's snapshot collection needs neither)
-        return StringCommand(hostpython.PYTHON, "-c", QuoteString(HOST_STATE_SCRIPT.read_text()), QuoteString(root),
+        return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script("host_state.py")), QuoteString(root),
                              *(["--light"] if light else []))
 
     def process(self, output):
@@ -80,7 +78,7 @@ def deployment_lines(name: str, state: dict, endpoint_host: str | None = None) -
         gate_line = (
             f"{name}: last gate {status.get('checked_at', '?')} release {short(status.get('release'))} {gate}: "
             f"load {_seconds(status.get('load_seconds'))} ttft {_seconds(status.get('ttft_seconds'))} "
-            f"decode {rate if rate is not None else '?'} tok/s"
+            + (f"decode {rate} tok/s" if rate is not None else f"decode - ({status.get('decode_note') or 'no figure'})")
         )
         if status.get("rolled_back_from"):
             gate_line += f" (rolled back from {status['rolled_back_from']})"
@@ -138,7 +136,7 @@ def host_document(state: dict, expected: str | None = None) -> dict:
             "service": deployment["service"],
             "last_gate": {k: status.get(k) for k in (
                 "release", "healthy", "checked_at", "load_seconds", "ttft_seconds", "tokens_per_second",
-                "benchmark_tokens", "rolled_back_from", "error")} if status else None,
+                "decode_note", "benchmark_tokens", "rolled_back_from", "error")} if status else None,
             "gpus": current.get("gpus"),
             "releases": deployment["releases"],
         }

