@@ -20,7 +20,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
-from . import hostpython
+from . import hostpython, nodegroup
 from .release import link_switch
 from .service import changed_in_this_run
 
@@ -37,6 +37,9 @@ class Gate:
     status_file: str = ""
     benchmark_tokens: int = 0
     meta: dict = field(default_factory=dict)  # deployment, release, vLLM, model: goes into status.json
+    # a multi-node group's host names, the leader first (resolve/nodes.py); empty for a host on its own.
+    # The group is gated once, on the leader, and rolled back together (operations/nodegroup.py)
+    group: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,15 +139,25 @@ def release_of(host, link):
     return output.stdout.strip().rsplit("/", 1)[-1] if status and output.stdout.strip() else None
 
 
-def put_back(host, url, model, budget_seconds, endpoint, gate: Gate, rollback: Rollback, failed: str, previous: str,
-             failure: str = "") -> dict:
-    """``previous`` back as ``current`` (the same atomic link switch that installed ``failed``), restarted and
-    gated again; the gate's result. Raises OperationError (after ``failure``) when that fails too."""
+def switch_back(host, rollback: Rollback, previous: str, failure: str = "") -> None:
+    """``previous`` back as ``current`` (the same atomic link switch that installed the failed one), restarted.
+    Raises OperationError (after ``failure``) when a command fails."""
     back = f"{rollback.releases_dir}/{previous}"
     for command in (*link_switch(rollback.current_link, back), *rollback.restart):
         ok, output = host.run_shell_command(command)
         if not ok:
             raise OperationError(f"{failure}\nRollback to release {previous} failed at `{command}`: {output.stderr}")
+
+
+def put_back(host, url, model, budget_seconds, endpoint, gate: Gate, rollback: Rollback, failed: str, previous: str,
+             failure: str = "") -> dict:
+    """``previous`` back as ``current``, restarted and gated again; the gate's result. Raises OperationError
+    (after ``failure``) when that fails too."""
+    switch_back(host, rollback, previous, failure)
+    return _gate_again(host, url, model, budget_seconds, endpoint, gate, failed, previous, failure)
+
+
+def _gate_again(host, url, model, budget_seconds, endpoint, gate: Gate, failed: str, previous: str, failure: str) -> dict:
     again = _gate(host, url, model, budget_seconds, Gate(**{**gate.__dict__, "meta": {
         **gate.meta, "release": previous, "rolled_back_from": failed}}))
     if not _passed(again):
@@ -156,8 +169,12 @@ def put_back(host, url, model, budget_seconds, endpoint, gate: Gate, rollback: R
 
 
 def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command, gate, rollback=None):
+    if gate.group and host.name != gate.group[0]:
+        return _worker_gate(state, host, url, model, budget_seconds, endpoint, log_command, gate, rollback)
     result = _gate(host, url, model, budget_seconds, gate)
     if _passed(result):
+        if gate.group:
+            nodegroup.board_of(state).post(gate.meta.get("deployment"), nodegroup.Outcome(passed=True))
         logger.info(
             f"{host.print_prefix}vLLM healthy after {result['health_seconds']} s; serving {model} at {endpoint}; "
             f"completion in {result['completion_seconds']} s: {result['completion']!r}"
@@ -168,6 +185,9 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
     failure = failure_text(url, result, budget_seconds, log.stdout)
     failed = gate.meta.get("release")
     previous = release_of(host, rollback.previous_link) if rollback else None
+    if gate.group:
+        return _leader_rolls_back(state, host, url, model, budget_seconds, endpoint, gate, rollback, failed, previous,
+                                  failure)
     if not previous or previous == failed:
         raise OperationError(failure)
 
@@ -176,6 +196,72 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
     raise OperationError(
         f"release {failed} failed its readiness gate and was rolled back: release {previous} serves {model} at "
         f"{endpoint} again (healthy after {again['health_seconds']} s).\n{failure}"
+    )
+
+
+def _leader_rolls_back(state, host, url, model, budget_seconds, endpoint, gate, rollback, failed, previous, failure):
+    """The leader's gate failed: every node of the group goes back to its previous release at once, then the
+    leader gates the group again (operations/nodegroup.py)."""
+    board, workers = nodegroup.board_of(state), gate.group[1:]
+    going_back = bool(previous) and previous != failed
+    outcome = nodegroup.Outcome(passed=False, failure=failure, rollback=going_back)
+    board.post(gate.meta.get("deployment"), outcome)
+    group = ", ".join(gate.group)
+    if not going_back:
+        raise OperationError(f"{failure}\nThere is no previous release to go back to: the group ({group}) is not serving.")
+    logger.warning(f"{host.print_prefix}release {failed} failed its readiness gate; rolling the group ({group}) "
+                   f"back together, this node to release {previous}")
+    try:
+        switch_back(host, rollback, previous, failure)
+    finally:
+        outcome.restarted.add(host.name)
+    # the leader's new start needs its workers restarted on their previous release too
+    board.wait(state, gate.meta.get("deployment"), lambda o: set(workers) <= o.restarted, leader=host.name,
+               timeout=budget_seconds)
+    try:
+        again = _gate_again(host, url, model, budget_seconds, endpoint, gate, failed, previous, failure)
+    finally:
+        outcome.regate_done = True
+    raise OperationError(
+        f"release {failed} failed its readiness gate and the group ({group}) was rolled back together: release "
+        f"{previous} serves {model} at {endpoint} again (healthy after {again['health_seconds']} s).\n{failure}"
+    )
+
+
+def _worker_gate(state, host, url, model, budget_seconds, endpoint, log_command, gate, rollback):
+    """A node other than the leader: the group's gate is the leader's; this node follows its outcome."""
+    leader, deployment = gate.group[0], gate.meta.get("deployment")
+    board = nodegroup.board_of(state)
+    outcome = board.wait(state, deployment, lambda o: True, leader=leader, timeout=budget_seconds + 60)
+    if outcome is None:
+        raise OperationError(f"the group's leader {leader} did not reach its readiness gate (it failed before it, "
+                             f"or took longer than {budget_seconds} s): this node's vLLM waits for it")
+    if outcome.passed:
+        # the leader serves: this node's own process must be alive, and the leader's API answer from here
+        result = _gate(host, url, model, budget_seconds, gate)
+        if _passed(result):
+            logger.info(f"{host.print_prefix}the group's leader {leader} passed its gate; this node serves with it")
+            return
+        _, log = host.run_shell_command(log_command)
+        raise OperationError(failure_text(url, result, budget_seconds, log.stdout))
+    failed = gate.meta.get("release")
+    try:
+        if not outcome.rollback:
+            raise OperationError(f"the group's leader {leader} failed its readiness gate and there is no previous "
+                                 "release to go back to: the group is not serving")
+        previous = release_of(host, rollback.previous_link)
+        if not previous or previous == failed:
+            raise OperationError(f"the group's leader {leader} failed its readiness gate; this node has no previous "
+                                 "release to go back to")
+        logger.warning(f"{host.print_prefix}the group's leader {leader} failed its readiness gate; "
+                       f"this node goes back to release {previous} with it")
+        switch_back(host, rollback, previous)
+    finally:
+        outcome.restarted.add(host.name)
+    board.wait(state, deployment, lambda o: o.regate_done, leader=leader, timeout=budget_seconds + 60)
+    raise OperationError(
+        f"release {failed} was rolled back with its group: the leader {leader} failed its readiness gate; this "
+        f"node runs release {previous} again (the leader's report says whether the group serves)"
     )
 
 

@@ -279,6 +279,7 @@ def gate_passed(plan, chosen, dependencies) -> dict:
         gate=readiness.Gate(
             probe_script=layout.probe_script, pid_source=chosen.pid_source, env_file=layout.env_file,
             status_file=layout.status_file, benchmark_tokens=gate.benchmark_tokens, meta=gate.meta,
+            group=plan.group,
         ),
         dependencies=dependencies,
         rollback=readiness.Rollback(

@@ -15,6 +15,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
+from . import nodegroup
+
 
 class InitSystem(FactBase):
     """'systemd' when systemd is the running service manager (sd_booted(3): /run/systemd/system), else 'none'."""
@@ -102,8 +104,15 @@ def manager_of(setting: str) -> str:
     return setting
 
 
-def changed_in_this_run(dependencies: list[OperationMeta]) -> bool:
-    """Did (or, while planning, will) any of these operations change the host?"""
+def changed_in_this_run(dependencies: list[OperationMeta], group: tuple[str, ...] = ()) -> bool:
+    """Did (or, while planning, will) any of these operations change the host, or, in a multi-node
+    ``group``, any node of it (operations/nodegroup.py: a group restarts whole)?"""
+    if group:
+        changed = nodegroup.changed_in_group(state, host, dependencies, group)
+        others = [name for name in changed if name != host.name]
+        if others and state.is_executing and host.name not in changed:
+            logger.info(f"{host.print_prefix}restarted with its group: {', '.join(others)} changed")
+        return bool(changed)
     if state.is_executing:
         return any(meta.did_change() for meta in dependencies)
     return any(meta.will_change for meta in dependencies)
@@ -142,7 +151,7 @@ def systemd_restart(unit: str) -> list[StringCommand]:
 
 @operation()
 def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: OperationMeta | None = None,
-                 release: str | None = None, releases_dir: str = ""):
+                 release: str | None = None, releases_dir: str = "", group: tuple[str, ...] = ()):
     """
     A systemd unit enabled and running, restarted when a dependency changed or when it runs
     another release than ``release``.
@@ -152,6 +161,7 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     + unit_file_op: the operation that writes the unit file (triggers daemon-reload)
     + release: the release id ``current`` names; the running process's is read (``RunningRelease``)
     + releases_dir: the folder of the release folders
+    + group: the host names of its multi-node group: a change on any node restarts every node
     """
     if unit_file_op is not None and changed_in_this_run([unit_file_op]):
         yield "systemctl daemon-reload"
@@ -160,7 +170,7 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
         yield StringCommand("systemctl", "enable", QuoteString(unit))
     if not status["active"]:
         yield StringCommand("systemctl", "start", "--no-block", QuoteString(unit))
-    elif changed_in_this_run(dependencies):
+    elif changed_in_this_run(dependencies, group):
         yield from systemd_restart(unit)
     elif why := stale_release(f"systemd:{unit}", releases_dir, release):
         logger.warning(f"{host.print_prefix}{why}: restarting {unit}")
@@ -207,7 +217,7 @@ def daemon_restart(launcher: str, env_file: str, pidfile: str, logfile: str, gra
 @operation()
 def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencies: list[OperationMeta],
            running: bool = True, grace_seconds: int = 60, user: str | None = None, home: str | None = None,
-           release: str | None = None, releases_dir: str = ""):
+           release: str | None = None, releases_dir: str = "", group: tuple[str, ...] = ()):
     """
     The fallback for hosts without systemd: vLLM supervised by start-stop-daemon (dpkg).
 
@@ -222,6 +232,7 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
     + home: HOME of the service user
     + release: the release id ``current`` names: a process started from another one is restarted
     + releases_dir: the folder of the release folders
+    + group: the host names of its multi-node group: a change on any node restarts every node
     """
     is_running = host.get_fact(DaemonRunning, pidfile=pidfile)
     if not running:
@@ -233,7 +244,7 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
     if not is_running:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile)))
         yield _start(launcher, env_file, pidfile, logfile, user, home)
-    elif changed_in_this_run(dependencies):
+    elif changed_in_this_run(dependencies, group):
         yield _stop(pidfile, grace_seconds)
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif why := stale_release(f"pidfile:{pidfile}", releases_dir, release):

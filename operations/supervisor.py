@@ -57,13 +57,13 @@ class Supervisor:
             return service.systemd_unit(
                 name=f"service {layout.unit_name}", unit=layout.unit_name,
                 dependencies=[*dependencies, unit_file], unit_file_op=unit_file,
-                release=plan.release.id, releases_dir=layout.releases,
+                release=plan.release.id, releases_dir=layout.releases, group=plan.group,
             )
         return service.daemon(
             name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
             pidfile=layout.pidfile, logfile=layout.logfile, dependencies=dependencies,
             grace_seconds=part.stop_grace, user=part.user, home=layout.service_home,
-            release=plan.release.id, releases_dir=layout.releases,
+            release=plan.release.id, releases_dir=layout.releases, group=plan.group,
         )
 
 

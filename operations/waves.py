@@ -120,6 +120,15 @@ def plan_waves(deployments: dict, order: list[str], origin=None) -> WavePlan:
                     "inventory's global data). No host was changed."
                 )
         size = hosts_per_wave(deployments[first].settings, len(hosts))
+        if size is not None and getattr(deployments[first].settings, "multinode", None) is not None:
+            key = "wave_size" if deployments[first].settings.wave_size is not None else "max_unavailable"
+            where = origin(first, key) if origin else "the inventory"
+            raise HeavyliftConfigError(
+                f"{where}, host '{first}': field '{key}' is set for the multi-node deployment '{deployment}': its "
+                f"hosts ({', '.join(hosts)}) are one vLLM instance, restarted, gated and rolled back as one unit "
+                "(a node restarted on its own would hang the others). Fix: remove the wave setting from this "
+                "deployment; waves are for hosts that serve on their own. No host was changed."
+            )
         if size is not None:
             per_wave[deployment] = size
         size = size or len(hosts)

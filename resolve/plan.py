@@ -134,6 +134,9 @@ class Plan:
     resolution: compat.Resolution = field(default_factory=compat.Resolution)
     launcher_args: tuple[str, ...] = ()  # what the launcher runs (before --shutdown-timeout)
     env: dict = field(default_factory=dict)  # the launcher's environment (before CUDA_VISIBLE_DEVICES)
+    # a multi-node group's host names, the leader first (resolve/nodes.py): restarted, gated and rolled back
+    # as one unit (operations/nodegroup.py); empty for a host serving on its own
+    group: tuple[str, ...] = ()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -590,6 +593,7 @@ def make_plan(
         resolution=resolution,
         launcher_args=tuple(args),
         env=env,
+        group=role.nodes if role is not None else (),
     )
 
 

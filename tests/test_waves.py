@@ -102,3 +102,17 @@ def test_a_failed_wave_holds_the_waves_after_it(bed):
                  "wave 2: @chroot//.: runs release nothing: failed ('gate (stand-in)' failed)",
                  "wave 3: @chroot///: runs release nothing: held, untouched"):
         assert line in run.output, run.output[-3000:]
+
+
+def test_a_wave_setting_on_a_multi_node_deployment_is_refused():
+    """A multi-node group is one vLLM instance: cut into waves, a node would restart without its peers."""
+    from models.errors import HeavyliftConfigError
+
+    deployments = fleet(["n0", "n1"], wave_size=1, multinode=SimpleNamespace(node_rank=0))
+    with pytest.raises(HeavyliftConfigError) as refused:
+        waves.plan_waves(deployments, ["n0", "n1"], origin=lambda name, key: "group_data/nodes.py")
+    text = str(refused.value)
+    assert text.startswith("group_data/nodes.py, host 'n0': field 'wave_size' is set for the multi-node deployment 'kimi'")
+    assert "remove the wave setting" in text and text.endswith("No host was changed.")
+    # without a wave setting the group is one unit of the run, as any deployment rolled all at once
+    assert waves.plan_waves(fleet(["n0", "n1"], multinode=SimpleNamespace(node_rank=0)), ["n0", "n1"]).waves == (("n0", "n1"),)
