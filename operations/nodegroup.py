@@ -44,7 +44,7 @@ def changed_in_group(state, host, dependencies, group: tuple[str, ...]) -> list[
     if not state.is_executing:
         return [host.name] if any(meta.will_change for meta in dependencies) else []
     changed = []
-    for name in group or (host.name,):
+    for name in group:
         node = state.inventory.get_host(name)
         if node is None:
             continue
@@ -59,20 +59,19 @@ def changed_in_group(state, host, dependencies, group: tuple[str, ...]) -> list[
 
 @dataclass
 class Outcome:
-    """What the leader posts: passed, or the rollback every node must make (and then the re-gate's result)."""
+    """What the leader posts: passed, or the rollback every node must make (and when its re-gate ended)."""
 
     passed: bool
-    failure: str = ""
     rollback: bool = False  # every node goes back to its previous release (the leader has one)
     restarted: set = field(default_factory=set)  # nodes whose rollback restart is done (or failed)
     regate_done: bool = False  # the leader's gate on the previous release has ended
 
 
 class GroupBoard(BaseStateCallback):
-    """One per run: each group's gate outcome, keyed by (deployment, the release the leader gated)."""
+    """One per run: each group's gate outcome, keyed by deployment (one group per deployment)."""
 
     def __init__(self):
-        self.outcomes: dict[tuple[str, str], Outcome] = {}
+        self.outcomes: dict[str, Outcome] = {}
 
     def post(self, key, outcome: Outcome) -> None:
         self.outcomes[key] = outcome

@@ -204,7 +204,7 @@ def _leader_rolls_back(state, host, url, model, budget_seconds, endpoint, gate, 
     leader gates the group again (operations/nodegroup.py)."""
     board, workers = nodegroup.board_of(state), gate.group[1:]
     going_back = bool(previous) and previous != failed
-    outcome = nodegroup.Outcome(passed=False, failure=failure, rollback=going_back)
+    outcome = nodegroup.Outcome(passed=False, rollback=going_back)
     board.post(gate.meta.get("deployment"), outcome)
     group = ", ".join(gate.group)
     if not going_back:

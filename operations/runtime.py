@@ -25,11 +25,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from . import hostpython, uv_wheel
-from resolve.layout import spec_id  # noqa: F401 - callers read it here
-from resolve.venvs import (  # noqa: F401 - the control-side halves of this module's operations
-    HOST_COMPANIONS, HostRuntime, host_package_names, host_torch_mismatch, patch_record, pinned_version,
-    venv_name, venv_spec, vllm_check, vllm_requirements,
-)
+from resolve.venvs import HostRuntime, host_package_names
 
 # uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
 UV_WHEEL_PLATFORMS = uv_wheel.PLATFORMS

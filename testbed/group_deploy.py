@@ -10,6 +10,7 @@ Host data: ``folder`` (the node's deployment folder), ``rank``, ``group`` (the h
 ``port`` (the leader's stand-in API).
 """
 
+import io
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pyinfra import host  # noqa: E402
 from pyinfra.operations import files  # noqa: E402
 
-from operations import readiness, release, service  # noqa: E402
+from operations import hostpython, readiness, release, service  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 folder, rank, group = host.data.folder, host.data.rank, tuple(host.data.group)
@@ -38,11 +39,11 @@ def serve_script(name):
     return '#!/bin/sh\ncd "$(dirname "$0")"\nexec sleep 3600\n'
 
 
-files.put(name="serve.env", src=__import__("io").StringIO(""), dest=env_file)
+files.put(name="serve.env", src=io.StringIO(""), dest=env_file)
 # a worker-only change: the worker's release differs, the leader's does not
 name = host.data.get("worker_release") or chosen if rank > 0 else chosen
 files.directory(name="release folder", path=f"{folder}/releases/{name}")
-files.put(name="release launcher", src=__import__("io").StringIO(serve_script(name)),
+files.put(name="release launcher", src=io.StringIO(serve_script(name)),
           dest=f"{folder}/releases/{name}/serve", mode="755")
 switched = release.current(name="current release", deployment_dir=folder, release=name)
 restarted = service.daemon(name="service (start-stop-daemon)", launcher=launcher, env_file=env_file, pidfile=pidfile,
@@ -51,7 +52,7 @@ restarted = service.daemon(name="service (start-stop-daemon)", launcher=launcher
 readiness.serving(
     name="vLLM ready", url=f"http://127.0.0.1:{port}", model="stand-in", endpoint=f"http://127.0.0.1:{port}/v1",
     budget_seconds=20, log_command=f"tail -n 5 {logfile}",
-    gate=readiness.Gate(probe_script=str(ROOT / "operations" / "scripts" / readiness.PROBE_SCRIPT),
+    gate=readiness.Gate(probe_script=str(hostpython.SCRIPTS_DIR / readiness.PROBE_SCRIPT),
                         pid_source=f"pidfile:{pidfile}", meta={"deployment": "stand-in", "release": name}, group=group),
     dependencies=[switched, restarted],
     rollback=readiness.Rollback(current_link=f"{folder}/current", previous_link=f"{folder}/previous",

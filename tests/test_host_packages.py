@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from models.schema import VllmRuntime
 from operations import runtime
+from resolve import venvs
 
 # vLLM 0.26.0's Requires-Dist lines for torch and friends (its wheel's METADATA)
 VLLM_0_26_REQUIRES = [
@@ -22,29 +23,29 @@ def image(torch="2.11.0+cu130"):
 
 
 def test_the_pin_is_read_from_the_builds_requirements():
-    assert runtime.pinned_version(VLLM_0_26_REQUIRES, "torch") == "2.11.0"
-    assert runtime.pinned_version(VLLM_0_26_REQUIRES, "numpy") is None  # not pinned
-    assert runtime.pinned_version(['torch==2.9.1; extra == "cuda"'], "torch") is None  # only with an extra
+    assert venvs.pinned_version(VLLM_0_26_REQUIRES, "torch") == "2.11.0"
+    assert venvs.pinned_version(VLLM_0_26_REQUIRES, "numpy") is None  # not pinned
+    assert venvs.pinned_version(['torch==2.9.1; extra == "cuda"'], "torch") is None  # only with an extra
 
 
 def test_the_images_cuda_torch_of_the_pinned_version_fits():
     # the local tag (+cu130) is the image's CUDA build of the same release
-    assert runtime.host_torch_mismatch(VLLM_0_26_REQUIRES, image("2.11.0+cu130"), "vllm 0.26.0") is None
+    assert venvs.host_torch_mismatch(VLLM_0_26_REQUIRES, image("2.11.0+cu130"), "vllm 0.26.0") is None
 
 
 def test_another_torch_is_named_with_where_it_lives():
-    why = runtime.host_torch_mismatch(VLLM_0_26_REQUIRES, image("2.13.0+cu130"), "vllm 0.26.0")
+    why = venvs.host_torch_mismatch(VLLM_0_26_REQUIRES, image("2.13.0+cu130"), "vllm 0.26.0")
     assert why.startswith("the host's torch is 2.13.0+cu130 (in /opt/torch/.venv/lib/python3.12/site-packages), "
                           "and vllm 0.26.0 pins torch==2.11.0")
 
 
 def test_an_image_without_torch_is_refused():
-    assert "has no torch" in runtime.host_torch_mismatch(VLLM_0_26_REQUIRES, {"packages": {}}, "vllm 0.26.0")
+    assert "has no torch" in venvs.host_torch_mismatch(VLLM_0_26_REQUIRES, {"packages": {}}, "vllm 0.26.0")
 
 
 def test_torch_brings_its_triton_along():
     vllm = VllmRuntime(version="0.26.0", host_packages=["torch", "torchvision"])
-    assert runtime.host_package_names(vllm) == ["torch", "triton", "torchvision"]
+    assert venvs.host_package_names(vllm) == ["torch", "triton", "torchvision"]
 
 
 @pytest.mark.parametrize(
@@ -65,7 +66,7 @@ def test_host_packages_change_the_venvs_install_and_name():
     plain = runtime.install_arguments(spec)
     reused = runtime.install_arguments({**spec, "host_packages": {"torch": image()["packages"]["torch"]}})
     assert "--excludes" not in plain and "--excludes" in reused
-    assert runtime.venv_name("vllm-0.26.0", spec) != runtime.venv_name("vllm-0.26.0", {**spec, "host_packages": {"torch": {}}})
+    assert venvs.venv_name("vllm-0.26.0", spec) != venvs.venv_name("vllm-0.26.0", {**spec, "host_packages": {"torch": {}}})
 
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
@@ -77,7 +78,7 @@ def test_the_lent_h200_images_torch_fits_vllm_0_26_and_not_0_27():
     packages = {name: {"version": v[0], "site": v[1]} for name, v in seen["packages"].items() if v}
     host = {"python": seen["python"], "packages": packages}
     requires = (H200 / "vllm-0.26.0-requires.txt").read_text().splitlines()  # vllm 0.26.0's wheel METADATA
-    assert runtime.host_torch_mismatch(requires, host, "vllm 0.26.0") is None
+    assert venvs.host_torch_mismatch(requires, host, "vllm 0.26.0") is None
     # vLLM 0.27+ pins torch 2.13.0 (FACTS: torch pins per release)
     newer = [line.replace("torch==2.11.0", "torch==2.13.0") for line in requires]
-    assert "pins torch==2.13.0" in runtime.host_torch_mismatch(newer, host, "vllm 0.28.0")
+    assert "pins torch==2.13.0" in venvs.host_torch_mismatch(newer, host, "vllm 0.28.0")

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from models.schema import VllmRuntime
-from resolve import lockfile, vllm_build
+from resolve import lockfile, venvs, vllm_build
 from operations import runtime
 from conftest import uv_binary
 from testbed.wheel_index import WheelIndex
@@ -80,7 +80,7 @@ def uv_install(env: dict, tmp_path, args: list[str]) -> tuple[subprocess.Complet
 
 def heavylift_args(build: vllm_build.Build, **site) -> list[str]:
     runtime_data = VllmRuntime.model_validate({"version": build.version, **site})
-    spec = {**runtime.venv_spec(runtime_data, [build.requirement]), **vllm_build.install_options(build)}
+    spec = {**venvs.venv_spec(runtime_data, [build.requirement]), **vllm_build.install_options(build)}
     return runtime.install_arguments(spec)
 
 
@@ -273,7 +273,7 @@ def test_wheelhouse_install_makes_no_index_request(index, uv_env, tmp_path):
     seen = len(index.requests)
     build = vllm_build.resolve(request(version="0.34.0", wheelhouse="/srv/wheels"))  # no resolution request either
     assert seen == len(index.requests)
-    spec = {**runtime.venv_spec(request(version="0.34.0"), [build.requirement]), **vllm_build.install_options(build),
+    spec = {**venvs.venv_spec(request(version="0.34.0"), [build.requirement]), **vllm_build.install_options(build),
             "wheelhouse": str(wheelhouse)}
     ours, installed = uv_install(blocked, tmp_path, runtime.install_arguments(spec))
     assert ours.returncode == 0, ours.stderr
