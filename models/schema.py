@@ -538,6 +538,11 @@ class SiteSettings(Strict):
     uv_cache_dir: str | None = Field(
         default=None, description="uv's cache folder on the host; <root>/cache/uv when unset (a shared, pre-filled cache saves downloads)"
     )
+    uv_offline: bool = Field(
+        default=False,
+        description="install every venv from uv's cache alone (uv --offline), for hosts that reach no package "
+        "index: the cache (uv_cache_dir) must hold every wheel already, else the install fails naming the one missing",
+    )
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
     multinode: MultiNode | None = Field(default=None, description="this host is one node of a vLLM instance over several hosts")
     max_model_len: int | None = Field(default=None, ge=16)

@@ -196,6 +196,11 @@ def install_arguments(spec: dict, excludes_file: str | None = None) -> list[str]
     if wheelhouse:
         # air-gapped: no index at all, and no network even for the cache (uv docs: --offline, --no-index)
         args += ["--offline", "--no-index", "--find-links", wheelhouse]
+    elif spec.get("offline"):
+        # the site's pre-filled cache only: uv answers from its cached index pages and wheels (uv docs: --offline)
+        args += ["--offline"]
+        if spec["index_url"]:
+            args += ["--extra-index-url", spec["index_url"]]
     elif spec["index_url"]:
         args += ["--extra-index-url", spec["index_url"]]
     if spec.get("index_strategy") and not wheelhouse:

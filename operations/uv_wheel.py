@@ -56,14 +56,21 @@ def wheel_bytes(version: str, tag: str, index: str = PYPI_SIMPLE, wheelhouse: st
         return found[0].read_bytes()
     # the simple index in its JSON form (PEP 691): file names, URLs and sha256 of a project
     request = urllib.request.Request(index + "uv/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        listing = json.load(answer)
-    wheel = next((f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and tag in f["filename"]), None)
-    if wheel is None:
-        raise UvWheelError(f"PyPI has no uv {version} wheel for {tag}")
-    url = urllib.parse.urljoin(index + "uv/", wheel["url"])
-    with urllib.request.urlopen(url, timeout=300) as answer:
-        data = answer.read()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            listing = json.load(answer)
+        wheel = next((f for f in listing["files"] if f["filename"].startswith(f"uv-{version}-") and tag in f["filename"]), None)
+        if wheel is None:
+            raise UvWheelError(f"{index} has no uv {version} wheel for {tag}")
+        url = urllib.parse.urljoin(index + "uv/", wheel["url"])
+        with urllib.request.urlopen(url, timeout=300) as answer:
+            data = answer.read()
+    except (OSError, ValueError, KeyError) as error:  # URLError is an OSError; a page that is not the JSON index
+        raise UvWheelError(
+            f"cannot fetch uv {version}'s wheel from {index} ({getattr(error, 'reason', error)}): reach that index "
+            "from the control machine, set HEAVYLIFT_PYPI_SIMPLE to a mirror, or name a wheelhouse holding the uv wheel "
+            "(vllm.wheelhouse)"
+        ) from None
     if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
         raise UvWheelError(f"uv wheel {wheel['filename']} does not match PyPI's sha256")
     return data

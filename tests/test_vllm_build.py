@@ -284,6 +284,25 @@ def test_wheelhouse_install_makes_no_index_request(index, uv_env, tmp_path):
     assert naive.returncode != 0
 
 
+def test_uv_offline_installs_from_a_filled_cache_without_any_request(index, uv_env, tmp_path):
+    """``uv_offline``: a host that reaches no index installs what its cache already holds, and asks nothing."""
+    build = vllm_build.resolve(request(version="0.16.0", index_url=f"{index.url}/pypi/"))
+    spec = {**venvs.venv_spec(request(version="0.16.0"), [build.requirement]), **vllm_build.install_options(build)}
+    # the cache filled once, online (as the site fills uv_cache_dir beforehand)
+    filled, _ = uv_install(uv_env, tmp_path, runtime.install_arguments(spec))
+    assert filled.returncode == 0, filled.stderr
+    seen = len(index.requests)
+    args = runtime.install_arguments({**spec, "offline": True})
+    assert "--offline" in args
+    ours, installed = uv_install(uv_env, tmp_path, args)
+    assert ours.returncode == 0, ours.stderr
+    assert installed["vllm"] == "0.16.0" and index.requests[seen:] == []
+    # a build the cache does not hold fails, offline, instead of reaching out
+    other = {**spec, "offline": True, "packages": ["vllm==0.15.1"]}
+    missing, _ = uv_install(uv_env, tmp_path, runtime.install_arguments(other))
+    assert missing.returncode != 0 and index.requests[seen:] == []
+
+
 @pytest.mark.parametrize("asked", ["0.16.0", "0.16", "0.16.0.0"])
 def test_a_short_version_gets_the_prerelease_explanation(index, asked):
     """`version: "0.16"` is 0.16.0 to PEP 440 (trailing zeros do not count): the same explanation as "0.16.0"."""
