@@ -10,11 +10,19 @@ pyinfra reads it.
 
 What keeps an answer true: it only lives until the run changes the host. Any command, upload or
 callback that runs on the host (``run_shell_command`` / ``put_file`` other than a fact read)
-drops every prefetched answer, as does the step from pyinfra's prepare stage to its execute
-stage; the next fact read starts a new segment and prefetches what the last run read in that
-segment. So an answer is never older than the last change this run made; a host that drifted
-answers differently and the operations see it, exactly as without the batch. A wrong or stale
-record only costs a wasted read. The record holds fact classes and arguments (never commands),
+drops every prefetched answer; the next fact read starts a new segment and prefetches what the
+last run read in that segment. So an answer is never older than the last change this run made; a
+host that drifted answers differently and the operations see it, exactly as without the batch. A
+wrong or stale record only costs a wasted read.
+
+The step from pyinfra's prepare stage to its execute stage drops every answer too when the run
+stops there to ask (no ``-y``): the operator may take minutes, and the host may change meanwhile.
+A run that does not ask goes straight on, with nothing run on the host between the two stages, so
+its answers carry over, and the execute stage's first segment is read together with the prepare
+stage's last one (the last run's record says which that is). And a command that must run before
+the next segment's reads (the deploy lock, ``command_then_facts``) carries those reads in the same
+round trip, run after it. A converged re-run makes three round trips: the planning facts, the
+lock with everything after it, and the lock given back. The record holds fact classes and arguments (never commands),
 from pyinfra's and heavylift's own fact modules only, under ``$HEAVYLIFT_CACHE/facts``
 (default ``~/.cache/heavylift``). ``HEAVYLIFT_FACT_BATCH=0`` turns it off.
 """
@@ -36,6 +44,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import ShortFactBase
+from pyinfra.api.state import StateStage
 from pyinfra.context import ContextObject
 
 # modules whose facts may be named in a record: pyinfra's own and heavylift's (operations/)
@@ -128,6 +137,8 @@ class FactBatch:
         self.stage = None
         self.changes = 0
         self.prefetched: set[str] = set()
+        self.ahead: set[str] = set()  # later segments marked prefetched with this one: void after a change
+        self.carry = False  # the run does not stop between its stages (-y): answers carry over the step
         self.reading = False
         self.round_trips = 0
         self.served = 0
@@ -139,12 +150,28 @@ class FactBatch:
     def host_changed(self) -> None:
         """A command, upload or callback ran on the host: no prefetched answer holds any more."""
         self.answers.clear()
+        self.prefetched -= self.ahead
+        self.ahead = set()
         self.changes += 1
 
-    def _enter_stage(self, stage) -> None:
+    def _enter_stage(self, state) -> None:
+        stage = state.current_stage
         if stage != self.stage:
+            # without -y pyinfra asks the operator between the stages; with it nothing runs in between
+            self.carry = not state.should_check_for_changes()
+            if not (self.carry and self.stage is not None):
+                self.answers.clear()
             self.stage, self.changes = stage, 0
-            self.answers.clear()
+
+    def _lookahead(self) -> list[str]:
+        """Segments read together with this one: in a run that does not ask, the execute stage's first segment
+        when this is the prepare stage's last in the last run's record (nothing runs on the host between them)."""
+        if not self.carry or self.stage != StateStage.Prepare:
+            return []
+        prepare = [key for key in self.previous if key.startswith(f"{int(StateStage.Prepare)}.")]
+        last = max((int(key.split(".")[1]) for key in prepare), default=None)
+        following = f"{int(StateStage.Execute)}.0"
+        return [following] if last == self.changes and self.previous.get(following) else []
 
     def record(self, cls, fact_kwargs: dict) -> None:
         try:
@@ -156,10 +183,21 @@ class FactBatch:
             entries.append(entry)
 
     def prefetch(self, state) -> None:
-        """Read every fact the last run read in this segment, in one command per set of connector arguments."""
+        """Read every fact the last run read in this segment (and the segments read with it), in one command per
+        set of connector arguments."""
+        for connector, (executor, wanted) in self._wanted(state).items():
+            self._read_together(connector, executor, wanted)
+
+    def _wanted(self, state) -> dict[str, tuple[dict, list]]:
+        """The reads of this segment and its lookahead, by connector arguments; marks them prefetched."""
+        ahead = self._lookahead()
         self.prefetched.add(self.segment)
-        groups: dict[str, list] = {}
-        for module, name, kwargs in self.previous.get(self.segment, []):
+        self.prefetched.update(ahead)
+        self.ahead |= set(ahead)
+        entries = [entry for segment in [self.segment, *ahead] for entry in self.previous.get(segment, [])]
+        groups: dict[str, tuple[dict, list]] = {}
+        seen: set[tuple[str, str]] = set()
+        for module, name, kwargs in entries:
             if not module.startswith(FACT_MODULES) or not isinstance(kwargs, dict):
                 continue
             try:
@@ -175,25 +213,39 @@ class FactBatch:
                 text, connector, executor, _ = fact_command(state, self.host, cls, None, kwargs, fact)
             except Exception:  # noqa: BLE001 (a record from another version of a fact: read it live)
                 continue
+            if (text, connector) in seen:
+                continue
+            seen.add((text, connector))
             groups.setdefault(connector, (executor, []))[1].append((fact, text))
-        for connector, (executor, wanted) in groups.items():
-            self._read_together(connector, executor, wanted)
+        return groups
 
-    def _read_together(self, connector: str, executor: dict, wanted: list) -> None:
+    def _read_together(self, connector: str, executor: dict, wanted: list, first: str | None = None):
+        """One round trip: ``first`` (a command of the run's own, e.g. the deploy lock), then, when it succeeded,
+        the facts side by side. Returns (status, the lines ``first`` printed, its stderr) when ``first`` is given."""
         nonce = secrets.token_hex(8)
-        script = batch_script([text for _, text in wanted], nonce)
+        script = batch_script([text for _, text in wanted], nonce) if wanted else "true"
+        if first is not None:
+            script = f"{first}\nrc=$?\nif [ $rc -eq 0 ]; then\n{script}\nfi\nexit $rc"
         self.reading = True
         try:
             # run as each fact alone would run: the same connector arguments (sudo, shell, env)
             status, output = self.host.run_shell_command(StringCommand(script), **executor)
         except Exception as error:  # noqa: BLE001 (the facts are then read one by one, as pyinfra does)
+            if first is not None:
+                raise
             logger.debug(f"fact batch on {self.host.name} failed: {error}")
-            return
+            return None
         finally:
             self.reading = False
         self.round_trips += 1
+        said = None
+        if first is not None:
+            mark = f"{MARK} {nonce} "
+            lines = output.stdout_lines
+            ends = next((i for i, line in enumerate(lines) if line.startswith(mark)), len(lines))
+            said = (status, lines[:ends], output.stderr)
         if not status:
-            return
+            return said
         for index, (rc, lines) in split_output(output.stdout_lines, nonce).items():
             fact, text = wanted[index]
             cls = type(fact)
@@ -204,9 +256,25 @@ class FactBatch:
             except (FactProcessError, Exception):  # noqa: BLE001 (read live, where pyinfra reports it)
                 continue
             self.answers[(cls.__module__, cls.__name__, text, connector)] = value
+        return said
+
+    def command_then_facts(self, state, command: StringCommand, executor: dict):
+        """Run ``command`` (a change: a new segment begins) and, in the same round trip after it, the facts the
+        last run read next. Returns (status, stdout lines, stderr) of ``command`` alone."""
+        self._enter_stage(state)
+        self.host_changed()
+        groups = self._wanted(state) if self.previous.get(self.segment) else {}
+        connector = repr(sorted((key, repr(value)) for key, value in executor.items()))
+        # the reads under the command's own connector arguments go with it; others (sudo, ...) after it
+        wanted = groups.pop(connector)[1] if connector in groups else []
+        status, lines, stderr = self._read_together(connector, executor, wanted, first=command.get_raw_value())
+        if status:
+            for other, (other_executor, other_wanted) in groups.items():
+                self._read_together(other, other_executor, other_wanted)
+        return status, lines, stderr
 
     def get(self, state, cls, args, kwargs, ensure_hosts, apply_failed_hosts):
-        self._enter_stage(state.current_stage)
+        self._enter_stage(state)
         try:
             text, connector, _, fact_kwargs = fact_command(state, self.host, cls, args, kwargs)
         except Exception:  # noqa: BLE001 (pyinfra's own read says what is wrong)
@@ -234,6 +302,27 @@ class FactBatch:
         partial = self.path.with_suffix(f".{os.getpid()}.partial")
         partial.write_text(json.dumps({"host": self.host.name, "segments": self.recorded}, indent=1) + "\n")
         partial.replace(self.path)
+
+
+def command_then_facts(state, host, command: StringCommand):
+    """Run a command of the run's own on the host (a change), with the next segment's fact reads in the same
+    round trip after it when the batch is on. Returns (status, stdout lines, stderr) of the command alone."""
+    if isinstance(host, ContextObject):
+        host = host._get_module()
+    batch = _batches.get(id(host))
+    if batch is None or batch.host is not host or batch.reading:
+        status, output = host.run_shell_command(command)
+        return status, output.stdout_lines, output.stderr
+    # the arguments a fact read gets (the host's defaults): the command runs under the same
+    _, _, executor, _ = fact_command(state, host, _Probe, None, {})
+    return batch.command_then_facts(state, command, executor)
+
+
+class _Probe(FactBase):
+    """No fact is read with it: it gives the connector arguments a plain read runs under."""
+
+    def command(self):
+        return "true"
 
 
 def _batched_get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=None, apply_failed_hosts=True):

@@ -30,7 +30,7 @@ from pyinfra.api.state import BaseStateCallback
 
 from models.errors import HeavyliftConfigError
 
-from . import hostpython
+from . import factbatch, hostpython
 
 LOCKED = 75  # EX_TEMPFAIL
 
@@ -49,11 +49,12 @@ def lock_command(path: str, mode: str = "take", label: str | None = None) -> Str
     return StringCommand(hostpython.PYTHON, "-c", QuoteString(SCRIPT), QuoteString(path), QuoteString(label or control_label()), mode)
 
 
-def take(host, path: str, dry: bool = False) -> str:
+def take(host, path: str, dry: bool = False, state=None) -> str:
     """Take the host's lock (or, in a dry run, look at it). Raises HostLocked naming the holder."""
     started = time.monotonic()
-    status, output = host.run_shell_command(lock_command(path, "check" if dry else "take"))
-    said = " ".join(output.stdout.split()) or output.stderr.strip()
+    # the facts the run reads next come back in the same round trip, read after the lock is held
+    status, lines, stderr = factbatch.command_then_facts(current_state if state is None else state, host, lock_command(path, "check" if dry else "take"))
+    said = " ".join(" ".join(lines).split()) or stderr.strip()
     if said.startswith("locked by"):
         if dry:
             return f"another run holds the lock: {said}"
@@ -80,7 +81,7 @@ class _ReleaseOnFailure(BaseStateCallback):
 
 def hold(host, state, path: str, dry: bool = False) -> str:
     """Take the host's lock for this run (``take``) and give it back if one of the host's operations fails."""
-    said = take(host, path, dry=dry)
+    said = take(host, path, dry=dry, state=state)
     if not dry:
         handler = next((h for h in state.callback_handlers if isinstance(h, _ReleaseOnFailure)), None)
         if handler is None:

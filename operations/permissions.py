@@ -4,10 +4,12 @@ heavylift creates its files as root and vLLM runs as an unprivileged user. On a 
 (umask 027 or 077 from login.defs or pam_umask, as CIS benchmarks ask) every folder root makes
 is born 0700 and every file 0600, and the unit fails at once ("Failed to execute .../serve:
 Permission denied", status 203/EXEC). Copies keep the modes they were made with: uv copies from
-its cache (UV_LINK_MODE=copy), ``cp -a`` a release's overlay. So the trees the service reads (its
-venv, the weights, the release, the host scripts) and every folder above them are checked on
-each run and given ``go+rX`` where they lack it: nothing else changes mode, and the secrets
-(``<deployment>/private``, 0700) are in none of them.
+its cache (UV_LINK_MODE=copy), ``cp -a`` a release's overlay. So the trees the service reads (the
+weights, the release, the host scripts) and every folder above them are checked on each run and
+given ``go+rX`` where they lack it: nothing else changes mode, and the secrets
+(``<deployment>/private``, 0700) are in none of them. A venv is opened once, by the operation that
+builds it (runtime.venv), since it never changes after; here only the folders on the way to it and
+the venv's own folder are checked.
 """
 
 from __future__ import annotations
@@ -64,16 +66,21 @@ def folders_above(path: str, stop: str = "/") -> list[str]:
 
 
 @operation()
-def readable_by_service(trees: list[str], root: str):
+def readable_by_service(trees: list[str], root: str, opened_when_built: list[str] = ()):
     """
     The service user can read these trees and enter every folder from ``root`` down to them
     (``chmod go+rX``, only where needed).
 
-    + trees: folders whose whole content the service reads (venv, weights, release)
+    + trees: folders whose whole content the service reads (weights, release, host scripts)
     + root: heavylift's root: it and the folders below it on the way to the trees are opened; none above it
+    + opened_when_built: trees opened once when they were built and never changed after (a venv: 60 000
+      files, 0.3 s to search on every run); only they and the folders on the way to them are checked here
     """
     stop = posixpath.dirname(root.rstrip("/"))
-    folders = list(dict.fromkeys(folder for tree in trees for folder in folders_above(tree, stop=stop)))
+    folders = list(dict.fromkeys(
+        [folder for tree in [*trees, *opened_when_built] for folder in folders_above(tree, stop=stop)]
+        + list(opened_when_built)
+    ))
     found = host.get_fact(NotReadableByOthers, trees=list(trees), folders=folders)
     if not found["trees"] and not found["folders"]:
         host.noop(f"{len(trees)} trees and {len(folders)} folders are readable by the service user")

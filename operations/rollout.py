@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 from pyinfra import host, logger, state
-from pyinfra.operations import files, server
+from pyinfra.operations import files
 from pyinfra.operations.util.files import generate_color_diff
 
 from models.errors import HeavyliftConfigError
@@ -218,8 +218,7 @@ def release_staged(plan):
     Returns the operations whose change makes vLLM stale."""
     layout, part, user = plan.layout, plan.release, plan.service.user
     files.put(name="readiness probe script", src=str(SCRIPTS / readiness.PROBE_SCRIPT), dest=layout.probe_script)
-    server.user(name=f"service user {user}", user=user, system=True, home=layout.service_home,
-                shell="/usr/sbin/nologin", ensure_home=False)
+    service.service_user(name=f"service user {user}", user=user, home=layout.service_home)
     # the one folder the service may write (vLLM and torch caches); root owns everything else
     files.directory(name="service user home", path=layout.service_home, user=user, group=user, mode="750")
     launcher = files.put(name="vLLM launcher", src=StringIO(part.launcher_text), dest=layout.launcher, mode="755",
@@ -242,8 +241,10 @@ def readable(plan) -> None:
     layout = plan.layout
     permissions.readable_by_service(
         name="readable by the service user",
-        trees=[plan.runtime.vllm_venv.path, plan.weights.content_dir, layout.release(plan.release.id), layout.scripts],
+        trees=[plan.weights.content_dir, layout.release(plan.release.id), layout.scripts],
         root=layout.root,
+        # opened by runtime.venv when it was built (a venv is never changed after)
+        opened_when_built=[plan.runtime.vllm_venv.path],
     )
 
 

@@ -317,6 +317,10 @@ def venv(
             StringCommand("cd", site, "&&", "patch", "-p1", "-R", "--batch", "--fuzz=0", "--dry-run", "--silent", "-i", QuoteString(dest)),
             path, f"heavylift: patch {name} is not in place after applying it",
         )
+    # vLLM runs it as the service user, and a hardened umask (027, 077) leaves what uv wrote root-only. A venv
+    # is never changed once its record is written, so it is opened here, once, instead of being searched on
+    # every run (operations/permissions.py checks only the folders on the way to it)
+    yield StringCommand("chmod", "-R", "go+rX", QuoteString(path))
     # the completion record is written last: its presence means "built and checked"
     record = json.dumps(spec, sort_keys=True)
     marker = posixpath.join(path, ".heavylift-venv.json")

@@ -14,8 +14,44 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
+from pyinfra.operations import server
 
 from . import nodegroup
+
+
+class PasswdEntry(FactBase):
+    """One account's passwd entry (``getent passwd USER``): {"uid", "gid", "home", "shell"}, or None.
+
+    pyinfra's ``server.user`` reads the ``Users`` fact, which runs lastlog and groups for every account
+    of the host (0.56 s of a converged re-run here); a converged host needs only this one line."""
+
+    def command(self, user):
+        return StringCommand("getent", "passwd", QuoteString(user), "||", "true")
+
+    def process(self, output):
+        fields = output[0].strip().split(":") if output else []
+        if len(fields) < 7:
+            return None
+        return {"uid": int(fields[2]), "gid": int(fields[3]), "home": fields[5], "shell": fields[6]}
+
+
+@operation()
+def service_user(user: str, home: str, shell: str = "/usr/sbin/nologin"):
+    """
+    The unprivileged system account vLLM (and a site source's server) runs as.
+
+    + user: the account's name
+    + home: its home folder (made by heavylift's own folder operation, not here)
+    + shell: its login shell (none)
+
+    An account that exists with this home and shell is left alone; otherwise pyinfra's ``server.user``
+    creates or corrects it (a system account, no home made).
+    """
+    entry = host.get_fact(PasswdEntry, user=user)
+    if entry is not None and entry["home"] == home and entry["shell"] == shell:
+        host.noop(f"user {user} exists (uid {entry['uid']}, home {home}, shell {shell})")
+        return
+    yield from server.user._inner(user=user, system=True, home=home, shell=shell, ensure_home=False)
 
 
 class InitSystem(FactBase):

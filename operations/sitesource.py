@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.util import get_template
-from pyinfra.operations import files, server
+from pyinfra.operations import files
 
 from resolve.sitesource import SourcePlan
 
@@ -113,8 +113,7 @@ def serve(source: SourcePlan, layout, user: str, token: SecretStr | None, templa
     operation, for ``answering``, which every host calls next."""
     paths = SourcePaths(layout.root)
     # vLLM's stage makes these later; the server needs them first (both operations no-op the second time)
-    server.user(name=f"service user {user}", user=user, system=True, home=layout.service_home,
-                shell="/usr/sbin/nologin", ensure_home=False)
+    service.service_user(name=f"service user {user}", user=user, home=layout.service_home)
     files.directory(name="site source folders", path=posixpath.join(paths.folder, "run"))
     files.directory(name="site source private folder (0700)", path=paths.private_dir, mode="700")
     # the snapshot, its manifest (what the server reads first) and the server's script; a hardened

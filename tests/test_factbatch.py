@@ -4,7 +4,7 @@ outlives a change. Through pyinfra's real fact path on its @local connector (fil
 import subprocess
 
 import pytest
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import Config, Inventory, State, StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.state import StateStage
 from pyinfra.facts.files import Directory, File, Sha1File
@@ -20,10 +20,10 @@ def record_dir(tmp_path, monkeypatch):
     factbatch._batches.clear()
 
 
-def new_run():
-    """A fresh pyinfra state with @local connected, as one `pyinfra` process would have it."""
+def new_run(yes=False):
+    """A fresh pyinfra state with @local connected, as one `pyinfra` process would have it (``yes``: `-y`, no prompt)."""
     inventory = Inventory((["@local"], {}))
-    state = State(inventory, Config())
+    state = State(inventory, Config(), check_for_changes=not yes)
     connect_all(state)
     state.current_stage = StateStage.Prepare
     host = inventory.get_host("@local")
@@ -123,6 +123,58 @@ def test_the_execute_stage_reads_again(tmp_path):
     after = host.get_fact(Sha1File, path=str(target))
     assert batch.round_trips == 2
     assert after == subprocess.run(["sha1sum", str(target)], capture_output=True, text=True).stdout.split()[0]
+
+
+def test_a_run_that_does_not_ask_reads_both_stages_in_one_round_trip(tmp_path):
+    """With -y nothing runs on the host between the stages: the execute stage's first reads come with the
+    prepare stage's last ones, and a change made after them is still seen."""
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("one\n")
+    second.write_text("two\n")
+
+    def run():
+        state, host, batch = new_run(yes=True)
+        host.get_fact(Sha1File, path=str(first))
+        state.current_stage = StateStage.Execute
+        answer = host.get_fact(Sha1File, path=str(second))
+        return state, host, batch, answer
+
+    *_, batch, _ = run()
+    end_run(batch)
+    state, host, batch, before = run()
+    assert batch.round_trips == 1 and batch.served == 2
+    host.run_shell_command(f"echo changed > {second}")  # an operation's command: the answer goes
+    after = host.get_fact(Sha1File, path=str(second))
+    assert after != before
+    assert after == subprocess.run(["sha1sum", str(second)], capture_output=True, text=True).stdout.split()[0]
+
+
+def test_a_command_carries_the_next_reads_run_after_it(tmp_path):
+    """``command_then_facts`` (the deploy lock): the command's own output and status, and the facts the last run
+    read next, in one round trip, read after the command ran."""
+    target = tmp_path / "a.txt"
+    target.write_text("before\n")
+    command = StringCommand("echo", "taken", ";", "echo", "after", ">", str(target))
+
+    def run():
+        state, host, batch = new_run(yes=True)
+        status, lines, _ = factbatch.command_then_facts(state, host, command)
+        return state, host, batch, status, lines, host.get_fact(Sha1File, path=str(target))
+
+    *_, batch, _, _, _ = run()
+    assert batch.round_trips == 1 and batch.served == 0  # nothing recorded yet: the command alone
+    end_run(batch)
+    target.write_text("before\n")
+    state, host, batch, status, lines, answer = run()
+    assert status and lines == ["taken"]
+    assert batch.round_trips == 1 and batch.served == 1
+    assert answer == subprocess.run(["sha1sum", str(target)], capture_output=True, text=True).stdout.split()[0]
+    assert target.read_text() == "after\n"
+    # a command that fails reads nothing after it
+    end_run(batch)
+    state, host, batch = new_run(yes=True)
+    status, lines, _ = factbatch.command_then_facts(state, host, StringCommand("echo", "locked", ";", "exit", "75"))
+    assert not status and lines == ["locked"] and batch.answers == {}
 
 
 def test_other_connector_arguments_are_another_read(tmp_path):

@@ -81,6 +81,23 @@ def test_a_tree_made_at_umask_077_is_found_and_made_readable_and_nothing_else_ch
     assert mode(hardened.parent) == 0o700
 
 
+def test_a_tree_opened_when_built_is_not_searched_only_its_folders_opened(hardened, monkeypatch):
+    """A venv (runtime.venv opens it once, as it is built) is never searched again: its own folder and those
+    on the way to it are checked, its content is left as it is."""
+    host = FakeHost({})
+    host.get_fact = real_fact
+    monkeypatch.setattr(permissions, "host", host)
+    venv = hardened / "venvs" / "v"
+    commands = list(permissions.readable_by_service._inner(
+        trees=[str(hardened / "models" / "m")], root=str(hardened), opened_when_built=[str(venv)]))
+    for command in commands:
+        run(command)
+    assert mode(hardened / "venvs") == 0o755 and mode(venv) == 0o755  # entered
+    assert mode(venv / "lib" / "module.py") == 0o600  # not searched: the build opened it (or did not)
+    assert mode(hardened / "models" / "m" / "model.safetensors") == 0o644
+    assert not any("-R" in str(c) and "venvs" in str(c) for c in commands)
+
+
 def test_readable_trees_are_a_noop(tmp_path, monkeypatch):
     tmp_path.chmod(0o755)  # pytest makes it 0700
     (tmp_path / "v").mkdir(mode=0o755)
