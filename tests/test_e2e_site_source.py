@@ -21,6 +21,7 @@ import re
 import pytest
 
 from conftest import REPO_ROOT, SHARED_UV_CACHE, VLLM_CPU, run_pyinfra, uv_binary
+from operations import runtime
 
 pytestmark = pytest.mark.e2e
 
@@ -87,14 +88,27 @@ def site(testbed_factory, hub_client_cache, tmp_path_factory):
 
         write()
         content = f"{ROOT}/models/heavylift--tiny-llama/{upstream.commit}"
+        control_cache = folder / "control-cache"
+        control_cache.mkdir()
+        # uv's binary for the hosts, as every test run keeps it (operations/runtime.py LOCAL_CACHE): no PyPI request
+        (runtime.LOCAL_CACHE / "uv").mkdir(parents=True, exist_ok=True)
+        (control_cache / "uv").symlink_to(runtime.LOCAL_CACHE / "uv")
         yield {"bed": bed, "inventory": inventory, "deploy": deploy, "upstream": upstream, "content": content,
+               "hf_home": str(folder / "control-hf-home"), "control_cache": str(control_cache),
                "manifest": f"{content}.manifest.json", "write": write,
                "port": port}
 
 
+# what the control machine reads from the upstream while it plans: the model's config (features and rules)
+CONTROL_READS = {"config.json"}
+
+
 def run(site, *args):
+    # the control machine's Hub cache (hf_hub_download keys it by repository and commit, not endpoint) and its
+    # plan cache are the module's: caches another run filled would hide the planning's read, or not, by chance
     return run_pyinfra(site["inventory"], *args, deploy=str(site["deploy"]), timeout=600,
-                       env={"HEAVYLIFT_PROGRESS_SECONDS": "0.5", "HEAVYLIFT_TEST_HF_TOKEN": TOKEN})
+                       env={"HEAVYLIFT_PROGRESS_SECONDS": "0.5", "HEAVYLIFT_TEST_HF_TOKEN": TOKEN,
+                            "HF_HOME": site["hf_home"], "HEAVYLIFT_CACHE": site["control_cache"]})
 
 
 def snapshot_files(site) -> dict:
@@ -127,7 +141,10 @@ def test_a_one_run_fetches_once_from_upstream_and_every_host_verifies(site):
     checkpoint = sum(size for size, _sha in snapshot_files(site).values())
     served = upstream_bytes(site)
     print(f"upstream sent {served} bytes for a {checkpoint}-byte checkpoint and 3 hosts ({served / checkpoint:.2f}x)")
-    assert served == checkpoint  # once, for the source: not once per host
+    # every file once, for the source: not once per host; and config.json once more, to the control machine,
+    # whose planning reads it (resolve/plan.py) through its own Hub cache, empty here (HF_HOME of the module)
+    sizes = {path: size for path, (size, _sha) in snapshot_files(site).items()}
+    assert upstream.served == {path: size * (2 if path in CONTROL_READS else 1) for path, size in sizes.items()}
     for name in ("src1", "peer1", "peer2"):
         assert_host_matches_upstream(site, name)
     changed = first.changed_operations()
