@@ -22,9 +22,11 @@ its answers carry over, and the execute stage's first segment is read together w
 stage's last one (the last run's record says which that is). And a command that must run before
 the next segment's reads (the deploy lock, ``command_then_facts``) carries those reads in the same
 round trip, run after it. A converged re-run makes three round trips: the planning facts, the
-lock with everything after it, and the lock given back. The record holds fact classes and arguments (never commands),
-from pyinfra's and heavylift's own fact modules only, under ``$HEAVYLIFT_CACHE/facts``
-(default ``~/.cache/heavylift``). ``HEAVYLIFT_FACT_BATCH=0`` turns it off.
+lock with everything after it, and the lock given back.
+
+The record holds fact classes and arguments (never commands), from pyinfra's and heavylift's own
+fact modules only, under ``$HEAVYLIFT_CACHE/facts`` (default ``~/.cache/heavylift``).
+``HEAVYLIFT_FACT_BATCH=0`` turns it off.
 """
 
 from __future__ import annotations
