@@ -7,9 +7,9 @@ For each fleet size, a fresh bed of N hosts (empty copy-on-write roots) runs the
 with ``--data until=prepare`` (everything but the switch, restart and gate: uv, the Hub client venv,
 the vLLM venv, the download and its check, the overlay, the release folder), then the same run again
 on the converged hosts, twice (the first re-run reads the record of a run that changed things, the second
-the record of one that changed nothing, as a daily re-run does). Printed: wall seconds of each whole ``pyinfra`` process, the ratios of N hosts
-over 1 host (goal: 8 hosts at most 1.3x for both), and the bytes the upstream Hub served during the
-from-scratch run against the checkpoint's size.
+the record of one that changed nothing, as a daily re-run does). Printed: wall seconds of each whole
+``pyinfra`` process, the ratios of N hosts over 1 host (goal: 8 hosts at most 1.3x for both), and the bytes
+the upstream Hub served during the from-scratch run against the checkpoint's size.
 
 What converges is real but small: vLLM is a fake pure-Python wheel ``vllm 0.34.0`` (and its ``torch``)
 from testbed/wheel_index.py on loopback, as benchmarks/bench_runtime.py does, so the venv build is uv's

@@ -265,7 +265,7 @@ class FactBatch:
         last run read next. Returns (status, stdout lines, stderr) of ``command`` alone."""
         self._enter_stage(state)
         self.host_changed()
-        groups = self._wanted(state) if self.previous.get(self.segment) else {}
+        groups = self._wanted(state)
         connector = repr(sorted((key, repr(value)) for key, value in executor.items()))
         # the reads under the command's own connector arguments go with it; others (sudo, ...) after it
         wanted = groups.pop(connector)[1] if connector in groups else []

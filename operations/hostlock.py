@@ -53,7 +53,8 @@ def take(host, path: str, dry: bool = False, state=None) -> str:
     """Take the host's lock (or, in a dry run, look at it). Raises HostLocked naming the holder."""
     started = time.monotonic()
     # the facts the run reads next come back in the same round trip, read after the lock is held
-    status, lines, stderr = factbatch.command_then_facts(current_state if state is None else state, host, lock_command(path, "check" if dry else "take"))
+    command = lock_command(path, "check" if dry else "take")
+    status, lines, stderr = factbatch.command_then_facts(current_state if state is None else state, host, command)
     said = " ".join(" ".join(lines).split()) or stderr.strip()
     if said.startswith("locked by"):
         if dry:
