@@ -79,10 +79,17 @@ class SystemdUnitState(FactBase):
 
 
 class DaemonRunning(FactBase):
-    """Whether the process in a start-stop-daemon pidfile is alive."""
+    """Whether the process in a start-stop-daemon pidfile is alive.
+
+    ``start-stop-daemon --status`` answers yes for a zombie (signal 0 reaches it): vLLM that exited and
+    whose parent has not reaped it yet. Such a process is dead, so its ``State:`` is read as well.
+    """
 
     def command(self, pidfile):
-        return StringCommand("start-stop-daemon", "--status", "--pidfile", QuoteString(pidfile), "&& echo yes || echo no")
+        return StringCommand(
+            "start-stop-daemon", "--status", "--pidfile", QuoteString(pidfile),
+            "&& ! grep -qs '^State:[[:space:]]*[ZX]' \"/proc/$(head -n 1", QuoteString(pidfile), ')/status" && echo yes || echo no',
+        )
 
     def process(self, output):
         return output[0].strip() == "yes"
@@ -279,6 +286,9 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
         return
     if not is_running:
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile)))
+        # a pidfile left by a process that exited (or is a zombie not yet reaped) makes
+        # start-stop-daemon --start answer "process already running" and start nothing
+        yield StringCommand("rm", "-f", QuoteString(pidfile))
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif changed_in_this_run(dependencies, group):
         yield _stop(pidfile, grace_seconds)

@@ -179,6 +179,23 @@ def test_daemon_running_live(local_host, odd_dir):
     assert local_host.get_fact(DaemonRunning, pidfile=str(pidfile)) is False
 
 
+@pytest.mark.skipif(not shutil.which("start-stop-daemon"), reason="start-stop-daemon (dpkg) missing")
+def test_daemon_running_live_counts_an_unreaped_process_as_dead(local_host, odd_dir):
+    # vLLM that exited while its parent has not reaped it yet: signal 0 still reaches the zombie
+    pidfile = odd_dir / "vllm.pid"
+    process = subprocess.Popen(["true"])
+    try:
+        pidfile.write_text(f"{process.pid}\n")
+        deadline = time.monotonic() + 10
+        while "Z" not in Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()[0]:
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
+        os.kill(process.pid, 0)  # what start-stop-daemon --status asks: it answers
+        assert local_host.get_fact(DaemonRunning, pidfile=str(pidfile)) is False
+    finally:
+        process.wait()
+
+
 class FakeVllm(BaseHTTPRequestHandler):
     """/health open; /v1/completions only with the key (as vLLM with VLLM_API_KEY); streams when asked."""
 

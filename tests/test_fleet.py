@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,23 @@ def test_a_dead_fallback_service_is_failed_with_its_last_error_line(two_moves):
     )
     assert host_state(two_moves)["deployments"]["tiny"]["service"]["last_error"].endswith(
         "[async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.")
+
+
+def test_an_exited_but_unreaped_fallback_service_is_failed(two_moves):
+    # vLLM exited, its parent has not reaped it yet: signal 0 still reaches the zombie, status must not say active
+    run = two_moves / "deployments" / "tiny" / "run"
+    run.mkdir()
+    zombie = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
+        (run / "serve.pid").write_text(f"{zombie.pid}\n")
+        service = host_state(two_moves)["deployments"]["tiny"]["service"]
+        assert service["state"] == "failed", service
+    finally:
+        zombie.wait()
 
 
 def test_second_move_removes_the_oldest_snapshot_after_the_switch_only(two_moves):

@@ -469,7 +469,11 @@ def test_daemon_start_command_sources_env_and_execs_launcher(odd_dir):
 
     sh(commands[0])
     assert pidfile.parent.is_dir()
-    argv = shlex.split(commands[1])
+    # a pidfile a dead (or unreaped) vLLM left would make start-stop-daemon --start start nothing
+    pidfile.write_text("4194304\n")
+    sh(commands[1])
+    assert not pidfile.exists()
+    argv = shlex.split(commands[2])
     assert argv[:12] == ["start-stop-daemon", "--start", "--background", "--make-pidfile", "--pidfile", str(pidfile),
                          "--output", str(logfile), "--startas", "/bin/sh", "--", "-c"]
     # what start-stop-daemon would run: /bin/sh -c SCRIPT; the variables reach the exec'd launcher

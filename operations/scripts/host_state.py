@@ -107,8 +107,18 @@ def alive(pid):
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not is_zombie(pid)
+
+
+def is_zombie(pid):
+    # A process that exited but was not yet reaped by its parent still answers signal 0: it is dead.
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            state = next((line.split()[1] for line in status if line.startswith("State:")), "")
+    except OSError:
+        return False
+    return state in ("Z", "X")
 
 
 # vLLM's own log lines at level ERROR: "(APIServer pid=N) ERROR 12-03 17:18:13 [file.py:906] ..."
