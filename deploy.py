@@ -18,11 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pyinfra import host, state
 
-from operations import factbatch, rollout, waves
+from operations import factbatch, oporder, rollout, waves
 
 # the facts this host's last run read, read again in one round trip each time the run changed the host
-# (operations/factbatch.py): a converged re-run makes five round trips instead of fifty
+# (operations/factbatch.py): a converged re-run makes three round trips instead of fifty
 factbatch.activate(host)
+# pyinfra's operation order without reading the source of every frame per operation (operations/oporder.py)
+oporder.activate()
 
 # validate and plan: the run's context, the site's data, its secrets, the host's facts -> one frozen plan,
 # or a refusal naming file and field before any host changes

@@ -92,14 +92,17 @@ def fact_command(state, host, cls, args, kwargs, fact=None) -> tuple[str, str, d
 
 
 def batch_script(commands: list[str], nonce: str) -> str:
-    """One shell script running every command side by side, then printing each one's exit status and
-    stdout in turn, framed by a line ``MARK nonce index status``."""
+    """One shell script running every command side by side, then printing a line ``MARK nonce begin`` and
+    each one's stdout in turn, each closed by a line ``MARK nonce index status``. Each command's output
+    file ends with its own closing line, so one ``cat`` prints them all (a process per fact is most of a
+    small fact's cost)."""
     lines = ['d=$(mktemp -d) || exit 1']
     for index, command in enumerate(commands):
-        lines.append(f'( ( {command}\n) >"$d/{index}" 2>/dev/null </dev/null; echo $? >"$d/{index}.rc" ) &')
+        lines.append(f'( ( {command}\n) >"$d/{index}" 2>/dev/null </dev/null; '
+                     f'printf "\\n%s %s\\n" "{MARK} {nonce} {index}" "$?" >>"$d/{index}" ) &')
     lines.append("wait")
-    lines.append(f'for i in {" ".join(str(i) for i in range(len(commands)))}; do '
-                 f'printf "%s\\n" "{MARK} {nonce} $i $(cat "$d/$i.rc")"; cat "$d/$i"; printf "\\n"; done')
+    lines.append(f'printf "%s\\n" "{MARK} {nonce} begin"')
+    lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(commands))))
     lines.append('rm -rf "$d"')
     return "\n".join(lines)
 
@@ -107,19 +110,21 @@ def batch_script(commands: list[str], nonce: str) -> str:
 def split_output(lines: list[str], nonce: str) -> dict[int, tuple[int, list[str]]]:
     """index -> (exit status, stdout lines as pyinfra would have read them) from a batch's output."""
     parts: dict[int, tuple[int, list[str]]] = {}
-    current = None
     prefix = f"{MARK} {nonce} "
-    for line in lines:
+    begin = next((i for i, line in enumerate(lines) if line == f"{prefix}begin"), None)
+    if begin is None:
+        return parts
+    current: list[str] = []
+    for line in lines[begin + 1:]:
         if line.startswith(prefix):
             index, _, status = line[len(prefix):].partition(" ")
-            current = []
+            # the newline printed before each closing line: one empty line too many when the output ended with its own
+            if current and current[-1] == "":
+                current.pop()
             parts[int(index)] = (int(status) if status.strip().isdigit() else 1, current)
-        elif current is not None:
+            current = []
+        else:
             current.append(line)
-    for _, found in parts.values():
-        # the newline printed after each part: one empty line too many when the part ended with its own
-        if found and found[-1] == "":
-            found.pop()
     return parts
 
 
@@ -242,9 +247,8 @@ class FactBatch:
         self.round_trips += 1
         said = None
         if first is not None:
-            mark = f"{MARK} {nonce} "
             lines = output.stdout_lines
-            ends = next((i for i, line in enumerate(lines) if line.startswith(mark)), len(lines))
+            ends = next((i for i, line in enumerate(lines) if line == f"{MARK} {nonce} begin"), len(lines))
             said = (status, lines[:ends], output.stderr)
         if not status:
             return said

@@ -17,7 +17,7 @@ import pytest
 
 from operations.checkpoint import FolderLinks
 from operations.readiness import ServingProbe, report_line
-from operations.runtime import CompleteVenv, InstalledVersion
+from operations.runtime import CompleteVenv, InstalledVersion, VllmRuntimeState
 from operations.service import DaemonRunning, InitSystem, SystemdUnitState
 from operations.weights import FreeSpace, WeightsManifest
 
@@ -327,6 +327,7 @@ def test_running_release_live(local_host, odd_dir):
 
 
 def _dist(site: Path, name: str, version: str) -> None:
+    # as uv installs a wheel: <normalized name>-<version>.dist-info
     folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
     folder.mkdir(parents=True)
     (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
@@ -339,12 +340,20 @@ def _dist(site: Path, name: str, version: str) -> None:
     (("vllm", "0.16.0rc2.dev314+gf72061a19.cu130"), "2.10.0+cu130", {"commit": "f72061a19", "variant": "cu130"}),
     (("vllm", "0.16.0rc2.dev314+gf72061a19"), "2.10.0", {"commit": "f72061a19", "variant": None}),
 ])
-def test_runtime_probe_reads_package_commit_and_variant(tmp_path, vllm, torch, expected):
-    site = tmp_path / "site-packages"
+def test_vllm_runtime_state_live_reads_the_venvs_distributions(local_host, odd_dir, vllm, torch, expected):
+    venv = odd_dir / "venvs" / "it's a venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
     _dist(site, *vllm)
     _dist(site, "torch", torch)
-    script = (Path(PROBE_SCRIPT).parent / "runtime_probe.py").read_text()
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n{script}"],
-                          capture_output=True, text=True, check=True)
-    found = json.loads(done.stdout)
-    assert found == {"package": vllm[0], "version": vllm[1], "torch": torch, **expected}
+    _dist(site, "vllm-flash-attn", "2.7.0")  # vllm_flash_attn-...: not vLLM itself
+    (site / "vllm").mkdir()
+    link = odd_dir / "deployment" / "venv"
+    assert local_host.get_fact(VllmRuntimeState, link=str(link)) is None  # no active venv yet
+    link.parent.mkdir()
+    link.symlink_to(venv)
+    assert local_host.get_fact(VllmRuntimeState, link=str(link)) == {
+        "venv": str(venv), "package": vllm[0], "version": vllm[1], "torch": torch, **expected}
+    # the venv removed under the link: its versions are unknown, never an error
+    shutil.rmtree(venv)
+    assert local_host.get_fact(VllmRuntimeState, link=str(link)) == {
+        "venv": str(venv), "package": None, "version": None, "commit": None, "torch": None, "variant": None}
