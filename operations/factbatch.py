@@ -47,6 +47,7 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import ShortFactBase
 from pyinfra.api.state import StateStage
+from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ContextObject
 
 # modules whose facts may be named in a record: pyinfra's own and heavylift's (operations/)
@@ -149,6 +150,8 @@ class FactBatch:
         self.reading = False
         self.round_trips = 0
         self.served = 0
+        # run once, just before the host's first change (the deploy lock's take): () -> (go on, message)
+        self.before_change = None
 
     @property
     def segment(self) -> str:
@@ -339,15 +342,37 @@ def _batched_get_fact(state, host, cls, args=None, kwargs=None, ensure_hosts=Non
 
 
 def _watch(host, batch: FactBatch, method: str) -> None:
-    """Every ``method`` call on the host that is not a fact read is a change."""
+    """Every ``method`` call on the host that is not a fact read is a change; the first one runs
+    ``before_change`` first, and does not run when it says no (the command fails with its message)."""
     original = getattr(host, method)
 
     def watched(*args, **kwargs):
         if not batch.reading:
+            hook, batch.before_change = batch.before_change, None
+            if hook is not None:
+                go_on, said = hook()
+                if not go_on:
+                    logger.error(f"{host.print_prefix}{said}")
+                    if method == "put_file":
+                        return False
+                    return False, CommandOutput([OutputLine("stderr", said)])
             batch.host_changed()
         return original(*args, **kwargs)
 
     setattr(host, method, watched)
+
+
+def before_first_change(host, hook) -> bool:
+    """Run ``hook`` (-> (go on, message)) once, just before the first command or upload of this run that
+    is not a fact read; that change is not made when it says no. False when the batch is off (nothing
+    watches the host's commands then: the caller acts at once)."""
+    if isinstance(host, ContextObject):
+        host = host._get_module()
+    batch = _batches.get(id(host))
+    if batch is None or batch.host is not host:
+        return False
+    batch.before_change = hook
+    return True
 
 
 def _save_all() -> None:

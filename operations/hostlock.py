@@ -12,21 +12,28 @@ of the control machine) is stale: the next run renames it aside (atomic: one win
 "recovered a stale lock of ..." and takes a fresh one. Only the holder's own connection
 releases a lock; a release by anyone else changes nothing.
 
-Taken while deploy.py is prepared (before any operation runs), with a plain command, and given
-back by an operation that shows no change, so a run that changes nothing still shows no change.
+A run looks at the lock while deploy.py is prepared, with its other reads, and takes it just
+before its first change to the host (a run that changes nothing, the converged re-run operators
+run most, never takes it: no round trip to take it, none to give it back). What it read stays
+true because every take counts a generation (``<root>/deploy.lock.generation``): the take names
+the generation the run read, and fails when another run took the lock since ("another run changed
+the host after this run read it"; run again). A stale lock is recovered at once, as the run
+starts. Without the fact batch (``HEAVYLIFT_FACT_BATCH=0``) the lock is taken as the run starts.
 ``--dry`` runs only look.
 """
 
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
 import time
 
 from pyinfra import host as current_host, state as current_state
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ContextObject
 
 from models.errors import HeavyliftConfigError
 
@@ -45,15 +52,18 @@ def control_label() -> str:
     return f"pyinfra run of {getpass.getuser()}@{socket.gethostname()} (pid {os.getpid()})"
 
 
-def lock_command(path: str, mode: str = "take", label: str | None = None) -> StringCommand:
-    return StringCommand(hostpython.PYTHON, "-c", QuoteString(SCRIPT), QuoteString(path), QuoteString(label or control_label()), mode)
+def lock_command(path: str, mode: str = "take", label: str | None = None, generation: int | None = None) -> StringCommand:
+    extra = [str(generation)] if generation is not None else []
+    return StringCommand(hostpython.PYTHON, "-c", QuoteString(SCRIPT), QuoteString(path), QuoteString(label or control_label()),
+                         mode, *extra)
 
 
-def take(host, path: str, dry: bool = False, state=None) -> str:
-    """Take the host's lock (or, in a dry run, look at it). Raises HostLocked naming the holder."""
+def take(host, path: str, dry: bool = False, state=None, generation: int | None = None) -> str:
+    """Take the host's lock (or, in a dry run, look at it). Raises HostLocked naming the holder.
+    ``generation``: the one the run read; the take fails when another run took the lock since."""
     started = time.monotonic()
     # the facts the run reads next come back in the same round trip, read after the lock is held
-    command = lock_command(path, "check" if dry else "take")
+    command = lock_command(path, "check" if dry else "take", generation=None if dry else generation)
     status, lines, stderr = factbatch.command_then_facts(current_state if state is None else state, host, command)
     said = " ".join(" ".join(lines).split()) or stderr.strip()
     if said.startswith("locked by"):
@@ -68,6 +78,17 @@ def take(host, path: str, dry: bool = False, state=None) -> str:
     return said
 
 
+class DeployLock(FactBase):
+    """The deploy lock as a run that has not taken it sees it: ``{"state": "free" | "held" | "stale",
+    "holder": who (or None), "generation": how many takes so far}``."""
+
+    def command(self, path):
+        return lock_command(path, "look", label="-")
+
+    def process(self, output):
+        return json.loads(output[-1])
+
+
 class _ReleaseOnFailure(BaseStateCallback):
     """A host whose operation failed gives its lock back at once: its connection is still open, and the run stops there."""
 
@@ -80,16 +101,57 @@ class _ReleaseOnFailure(BaseStateCallback):
             host.run_shell_command(lock_command(path, "release"))
 
 
+def _release_on_failure(state, host, path: str) -> None:
+    handler = next((h for h in state.callback_handlers if isinstance(h, _ReleaseOnFailure)), None)
+    if handler is None:
+        handler = _ReleaseOnFailure()
+        state.add_callback_handler(handler)
+    handler.paths[host.name] = path
+
+
+def _held_by(state) -> dict:
+    # the hosts whose lock this run holds (taken as it started or before its first change): name -> path
+    if not hasattr(state, "heavylift_locks"):
+        state.heavylift_locks = {}
+    return state.heavylift_locks
+
+
 def hold(host, state, path: str, dry: bool = False) -> str:
-    """Take the host's lock for this run (``take``) and give it back if one of the host's operations fails."""
-    said = take(host, path, dry=dry, state=state)
-    if not dry:
-        handler = next((h for h in state.callback_handlers if isinstance(h, _ReleaseOnFailure)), None)
-        if handler is None:
-            handler = _ReleaseOnFailure()
-            state.add_callback_handler(handler)
-        handler.paths[host.name] = path
+    """This run's hold on the host's lock: a look now, with the run's other reads; the take just before the
+    run's first change to the host (``factbatch.before_first_change``), naming the generation seen now.
+    Raises HostLocked naming the holder when another run holds it. A stale lock is recovered (and taken) now;
+    so is every lock when the fact batch is off. A dry run only looks."""
+    if isinstance(host, ContextObject):
+        host = host._get_module()
+    lock = host.get_fact(DeployLock, path=path)
+    if lock["state"] == "held":
+        said = f"locked by {lock['holder']}: {path}"
+        if dry:
+            return f"another run holds the lock: {said}"
+        raise HostLocked(
+            f"host '{host.name}': {said}. One run at a time per host: wait for it to finish; a lock whose run died "
+            f"is recovered automatically by the next run."
+        )
+    if dry:
+        return "free" if lock["state"] == "free" else f"stale lock of {lock['holder']}"
+    if lock["state"] == "free" and factbatch.before_first_change(host, lambda: _take_at_first_change(
+            host, state, path, lock["generation"])):
+        return "free: taken at this run's first change"
+    said = take(host, path, state=state, generation=lock["generation"])
+    _held_by(state)[host.name] = path
+    _release_on_failure(state, host, path)
     return said
+
+
+def _take_at_first_change(host, state, path: str, generation: int) -> tuple[bool, str]:
+    """The take before the run's first change: (taken, what the lock said)."""
+    status, output = host.run_shell_command(lock_command(path, "take", generation=generation))
+    said = " ".join(output.stdout.split()) or output.stderr.strip()
+    if not status:
+        return False, f"host '{host.name}': the deploy lock {path} was not taken, so nothing was changed: {said}"
+    _held_by(state)[host.name] = path
+    _release_on_failure(state, host, path)
+    return True, said
 
 
 @operation()
@@ -103,6 +165,9 @@ def released(path: str):
     a run that changed nothing still says so. A lock held by another run is left alone.
     """
     if current_state.is_executing:
+        if _held_by(current_state).pop(current_host.name, None) is None:
+            current_host.noop("no deploy lock to give back: this run changed nothing, so it never took it")
+            return
         status, output = current_host.run_shell_command(lock_command(path, "release"))
         said = " ".join(output.stdout.split()) or output.stderr.strip()
         if not status:

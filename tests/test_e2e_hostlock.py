@@ -76,3 +76,38 @@ def test_a_killed_run_leaves_its_lock_and_the_next_run_recovers_it(bed):
     assert "recovered a stale lock of pyinfra run of " in after.output
     assert f"(pid {killed.pid})" in after.output
     assert not lock_exists(bed)
+
+
+def test_a_run_takes_the_lock_at_its_first_change_and_not_after_another_run_changed_the_host(bed):
+    """A run looks at the lock with its other reads and takes it just before its first change, naming the
+    generation it read. Another run that took the lock in between (and gave it back) makes that take fail:
+    what the first run read is no longer true, so it changes nothing and says why."""
+    marks = "/root/lock-steps.txt"
+    bed["lock1"].run(f"rm -f {marks}")
+    with open(bed.inventory.parent / "slow.log", "w+") as log:
+        slow = subprocess.Popen([PYINFRA, "-y", str(bed.inventory), DEPLOY, "--data", "lock_pause_seconds=10",
+                                 "--data", f"lock_write={marks}:slow"], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while "a pause before the first change" not in (bed.inventory.parent / "slow.log").read_text():
+                assert time.monotonic() < deadline and slow.poll() is None, "the slow run never reached its pause"
+                time.sleep(0.2)
+            # it has read the lock (free) and holds nothing yet: another run goes through in the meantime
+            assert not lock_exists(bed)
+            quick = run_pyinfra(bed.inventory, "--data", f"lock_write={marks}:quick", deploy=DEPLOY, timeout=120)
+            assert quick.returncode == 0, quick.output[-3000:]
+            slow.wait(timeout=120)
+        finally:
+            if slow.poll() is None:
+                slow.kill()
+        log.seek(0)
+        output = log.read()
+    assert slow.returncode != 0, output[-3000:]
+    assert "another run changed the host after this run read it" in output, output[-3000:]
+    assert "nothing was changed" in output
+    # the quick run's step ran, the slow run's never did; no lock is left behind
+    assert bed["lock1"].run(f"cat {marks}").stdout.split() == ["quick"]
+    assert not lock_exists(bed)
+    after = run_pyinfra(bed.inventory, "--data", f"lock_write={marks}:after", deploy=DEPLOY, timeout=120)
+    assert after.returncode == 0 and "recovered a stale lock" not in after.output, after.output[-3000:]
+    assert bed["lock1"].run(f"cat {marks}").stdout.split() == ["quick", "after"]

@@ -1,10 +1,18 @@
 """The deploy lock on the host (operations/hostlock.py): take, look at or give back <root>/.heavylift.lock.
 
-Run as: python3 -c <this file> PATH LABEL MODE (standard library only).
+Run as: python3 -c <this file> PATH LABEL MODE [GENERATION] (standard library only).
+
+MODE: take, check (a dry run), release, or look (one JSON line: state free/held/stale, the holder,
+the generation). Every take counts a generation in PATH.generation; a take given the GENERATION a
+run read before (operations/hostlock.py: a run takes the lock at its first change) fails with exit
+76 when another run took the lock since.
 """
 
 import json, os, sys, time
 path, label, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+expected = int(sys.argv[4]) if len(sys.argv) > 4 else None
+GENERATION = path + ".generation"
+CHANGED = 76
 # shells and privilege tools between the connection and this script
 SKIP = {"sh", "bash", "dash", "sudo", "su", "doas", "timeout", "setsid"}
 
@@ -43,6 +51,19 @@ def read(path):
             time.sleep(0.05)
     return {}
 
+def generation():
+    try:
+        with open(GENERATION) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {"generation": 0}
+
+if mode == "look":
+    record = read(path) if os.path.isdir(path) else None
+    state = "free" if record is None else "held" if alive(record) else "stale"
+    print(json.dumps({"state": state, "holder": describe(record) if record is not None else None,
+                      "generation": generation().get("generation", 0)}))
+    sys.exit(0)
 if mode == "release":
     record = read(path) if os.path.isdir(path) else None
     mine = holder()
@@ -77,7 +98,17 @@ for attempt in range(3):
         os.mkdir(path, 0o755)
     except FileExistsError:
         continue
-    mine = {**holder(), "label": label, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    counted = generation()
+    if expected is not None and counted.get("generation", 0) != expected:
+        os.rmdir(path)  # not taken: empty, and only this run knows it
+        print(f"another run changed the host after this run read it: {counted.get('label', '?')} took the lock at "
+              f"{counted.get('since', '?')} (generation {counted.get('generation')}, this run read {expected})")
+        sys.exit(CHANGED)
+    with open(GENERATION + ".new", "w") as handle:
+        json.dump({"generation": counted.get("generation", 0) + 1, "label": label, "since": now}, handle)
+    os.rename(GENERATION + ".new", GENERATION)
+    mine = {**holder(), "label": label, "since": now}
     with open(os.path.join(path, "holder.json.new"), "w") as handle:
         json.dump(mine, handle)
     os.rename(os.path.join(path, "holder.json.new"), os.path.join(path, "holder.json"))
