@@ -62,7 +62,9 @@ def test_lock_names_its_holder_and_goes_stale_when_the_holder_dies(tmp_path):
     assert third.returncode == 0, third.stdout + third.stderr
     assert third.stdout.startswith("recovered a stale lock of first run (pid 1234)")
     assert json.loads((lock / "holder.json").read_text())["label"] == "third run"
-    assert [p.name for p in lock.parent.iterdir()] == ["deploy.lock"]
+    # the lock, and the count of its takes (first, third)
+    assert sorted(p.name for p in lock.parent.iterdir()) == ["deploy.lock", "deploy.lock.generation"]
+    assert json.loads((lock.parent / "deploy.lock.generation").read_text())["generation"] == 2
 
 
 def test_only_the_holder_releases_the_lock(tmp_path):
@@ -81,8 +83,55 @@ def test_only_the_holder_releases_the_lock(tmp_path):
     result = subprocess.run(["sh", "-c", both], capture_output=True, text=True)
     assert result.stdout.splitlines()[0].startswith("recovered a stale lock of first run")
     assert result.stdout.splitlines()[-1].startswith("released: second run since "), result.stdout
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["deploy.lock.generation"]
     assert take(lock, mode="release").stdout == "free\n"
+
+
+def look(lock: Path) -> dict:
+    done = subprocess.run(["sh", "-c", hostlock.lock_command(str(lock), "look", "-").get_raw_value()],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_take_naming_an_older_generation_fails_and_leaves_no_lock(tmp_path):
+    """A run reads the lock (free, generation g) and takes it at its first change, naming g: when another
+    run took it in between, the take fails (76), takes nothing, and names the other run."""
+    lock = tmp_path / "root" / "deploy.lock"
+    assert look(lock) == {"state": "free", "holder": None, "generation": 0}  # a fresh host: no root yet
+    read = look(lock)["generation"]
+    # another run takes and gives back the lock in the meantime
+    both = " ; ".join(hostlock.lock_command(str(lock), mode, "other run (pid 7)").get_raw_value()
+                      for mode in ("take", "release"))
+    subprocess.run(["sh", "-c", both], check=True, capture_output=True)
+    assert look(lock) == {"state": "free", "holder": None, "generation": 1}
+
+    late = subprocess.run(["sh", "-c", hostlock.lock_command(str(lock), "take", "late run", generation=read)
+                           .get_raw_value()], capture_output=True, text=True)
+    assert late.returncode == 76, late.stdout + late.stderr
+    assert late.stdout.startswith("another run changed the host after this run read it: other run (pid 7) took the "
+                                  "lock at "), late.stdout
+    assert "(generation 1, this run read 0)" in late.stdout
+    assert not lock.exists() and look(lock)["generation"] == 1
+    # naming the generation it read now, a run takes it (and counts one more take)
+    fresh = subprocess.run(["sh", "-c", hostlock.lock_command(str(lock), "take", "fresh run", generation=1)
+                            .get_raw_value()], capture_output=True, text=True)
+    assert fresh.returncode == 0 and fresh.stdout.startswith("taken by fresh run"), fresh.stdout
+    # its holder is the process that ran sh (this test, as pyinfra for @local): alive
+    assert look(lock)["state"] == "held" and look(lock)["generation"] == 2
+
+
+def test_look_sees_a_held_lock_and_its_holder(tmp_path):
+    lock = tmp_path / "deploy.lock"
+    first = holder_process(lock, "first run (pid 1234)")
+    try:
+        assert first.stdout.readline().startswith("0 taken by first run (pid 1234)")
+        seen = look(lock)
+        assert seen["state"] == "held" and seen["holder"].startswith("first run (pid 1234) since "), seen
+        assert seen["generation"] == 1
+    finally:
+        first.kill()
+        first.wait()
+    assert look(lock)["state"] == "stale"
 
 
 def test_a_reused_pid_is_not_the_holder(tmp_path):
