@@ -21,7 +21,7 @@ from pyinfra import host, state
 from operations import factbatch, oporder, rollout, waves
 
 # the facts this host's last run read, read again in one round trip each time the run changed the host
-# (operations/factbatch.py): a converged re-run makes three round trips instead of fifty
+# (operations/factbatch.py): a converged re-run makes one round trip instead of fifty
 factbatch.activate(host)
 # pyinfra's operation order without reading the source of every frame per operation (operations/oporder.py)
 oporder.activate()

@@ -19,10 +19,12 @@ The step from pyinfra's prepare stage to its execute stage drops every answer to
 stops there to ask (no ``-y``): the operator may take minutes, and the host may change meanwhile.
 A run that does not ask goes straight on, with nothing run on the host between the two stages, so
 its answers carry over, and the execute stage's first segment is read together with the prepare
-stage's last one (the last run's record says which that is). And a command that must run before
-the next segment's reads (the deploy lock, ``command_then_facts``) carries those reads in the same
-round trip, run after it. A converged re-run makes three round trips: the planning facts, the
-lock with everything after it, and the lock given back.
+stage's last one (the last run's record says which that is). A command that must run before
+the next segment's reads (a deploy lock taken as the run starts, ``command_then_facts``) carries
+those reads in the same round trip, run after it. And ``before_first_change`` runs a step of the
+run's own just before its first change to the host (the deploy lock's take,
+operations/hostlock.py), so a converged re-run makes one round trip: every read, the look at the
+lock among them.
 
 The record holds fact classes and arguments (never commands), from pyinfra's and heavylift's own
 fact modules only, under ``$HEAVYLIFT_CACHE/facts`` (default ``~/.cache/heavylift``).
