@@ -43,9 +43,7 @@ for line in plan.lines():
     logger.info(f"{host.print_prefix}{line}")
 
 LOCK = f"{ROOT}/deploy.lock"
-said = hostlock.hold(host, state, LOCK, dry=RunContext.of_pyinfra(state, host).dry)
-if said.startswith(("recovered", "another run")):
-    logger.warning(f"{host.print_prefix}{said}")
+hostlock.hold(host, state, LOCK, dry=RunContext.of_pyinfra(state, host).dry)
 retire.retired(name=f"retire deployment {name}", plan=plan)
 # given back like a deploy's (it was left held: the next run said "recovered a stale lock")
 hostlock.released(name="deploy lock given back", path=LOCK)

@@ -44,7 +44,7 @@ was = found["deployments"][deployment.name]["current"]
 logger.info(f"{host.print_prefix}rollback of {deployment.name}: release {was} -> {target['id']} "
             f"({target['model']}, {target['vllm']})")
 
-hostlock.take(host, layout.lock, dry=context.dry)
+hostlock.hold(host, state, layout.lock, dry=context.dry)
 switched = release.current(
     name=f"current release {target['id']} (rollback)", deployment_dir=layout.deployment_dir, release=target["id"],
     keep=len(found["deployments"][deployment.name]["releases"]) + 2,  # a rollback removes no release
@@ -90,3 +90,5 @@ readiness.serving(
         restart=running.restart,
     ),
 )
+# given back like a deploy's (it was left held: the next run said "recovered a stale lock")
+hostlock.released(name="deploy lock given back", path=layout.lock)

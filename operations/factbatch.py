@@ -94,6 +94,11 @@ def fact_command(state, host, cls, args, kwargs, fact=None) -> tuple[str, str, d
     return text, connector, executor, {key: value for key, value in fact_kwargs.items() if key != "self"}
 
 
+def begin_line(nonce: str) -> str:
+    """The line a batch prints before the facts' outputs (what a command run first printed is above it)."""
+    return f"{MARK} {nonce} begin"
+
+
 def batch_script(commands: list[str], nonce: str) -> str:
     """One shell script running every command side by side, then printing a line ``MARK nonce begin`` and
     each one's stdout in turn, each closed by a line ``MARK nonce index status``. Each command's output
@@ -104,7 +109,7 @@ def batch_script(commands: list[str], nonce: str) -> str:
         lines.append(f'( ( {command}\n) >"$d/{index}" 2>/dev/null </dev/null; '
                      f'printf "\\n%s %s\\n" "{MARK} {nonce} {index}" "$?" >>"$d/{index}" ) &')
     lines.append("wait")
-    lines.append(f'printf "%s\\n" "{MARK} {nonce} begin"')
+    lines.append(f'printf "%s\\n" "{begin_line(nonce)}"')
     lines.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(commands))))
     lines.append('rm -rf "$d"')
     return "\n".join(lines)
@@ -114,7 +119,7 @@ def split_output(lines: list[str], nonce: str) -> dict[int, tuple[int, list[str]
     """index -> (exit status, stdout lines as pyinfra would have read them) from a batch's output."""
     parts: dict[int, tuple[int, list[str]]] = {}
     prefix = f"{MARK} {nonce} "
-    begin = next((i for i, line in enumerate(lines) if line == f"{prefix}begin"), None)
+    begin = next((i for i, line in enumerate(lines) if line == begin_line(nonce)), None)
     if begin is None:
         return parts
     current: list[str] = []
@@ -253,7 +258,7 @@ class FactBatch:
         said = None
         if first is not None:
             lines = output.stdout_lines
-            ends = next((i for i, line in enumerate(lines) if line == f"{MARK} {nonce} begin"), len(lines))
+            ends = next((i for i, line in enumerate(lines) if line == begin_line(nonce)), len(lines))
             said = (status, lines[:ends], output.stderr)
         if not status:
             return said

@@ -30,7 +30,7 @@ import os
 import socket
 import time
 
-from pyinfra import host as current_host, state as current_state
+from pyinfra import host as current_host, logger, state as current_state
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ContextObject
@@ -58,21 +58,23 @@ def lock_command(path: str, mode: str = "take", label: str | None = None, genera
                          mode, *extra)
 
 
-def take(host, path: str, dry: bool = False, state=None, generation: int | None = None) -> str:
-    """Take the host's lock (or, in a dry run, look at it). Raises HostLocked naming the holder.
+def _locked(host, said: str, after: str = "") -> HostLocked:
+    return HostLocked(
+        f"host '{host.name}': {said}. One run at a time per host: wait for it to finish; a lock whose run died "
+        f"is recovered automatically by the next run.{after}"
+    )
+
+
+def take(host, path: str, state=None, generation: int | None = None) -> str:
+    """Take the host's lock now. Raises HostLocked naming the holder.
     ``generation``: the one the run read; the take fails when another run took the lock since."""
     started = time.monotonic()
     # the facts the run reads next come back in the same round trip, read after the lock is held
-    command = lock_command(path, "check" if dry else "take", generation=None if dry else generation)
+    command = lock_command(path, "take", generation=generation)
     status, lines, stderr = factbatch.command_then_facts(current_state if state is None else state, host, command)
     said = " ".join(" ".join(lines).split()) or stderr.strip()
     if said.startswith("locked by"):
-        if dry:
-            return f"another run holds the lock: {said}"
-        raise HostLocked(
-            f"host '{host.name}': {said}. One run at a time per host: wait for it to finish; a lock whose run died "
-            f"is recovered automatically by the next run. (checked in {time.monotonic() - started:.1f} s)"
-        )
+        raise _locked(host, said, f" (checked in {time.monotonic() - started:.1f} s)")
     if not status:
         raise HostLocked(f"host '{host.name}': could not take the deploy lock {path}: {said}")
     return said
@@ -90,7 +92,8 @@ class DeployLock(FactBase):
 
 
 class _ReleaseOnFailure(BaseStateCallback):
-    """A host whose operation failed gives its lock back at once: its connection is still open, and the run stops there."""
+    """The locks this run holds, by host name: a host whose operation failed gives its lock back at once
+    (its connection is still open, and the run stops there); the others at their last operation."""
 
     def __init__(self):
         self.paths: dict[str, str] = {}
@@ -101,45 +104,39 @@ class _ReleaseOnFailure(BaseStateCallback):
             host.run_shell_command(lock_command(path, "release"))
 
 
-def _release_on_failure(state, host, path: str) -> None:
+def _held(state) -> dict[str, str]:
+    """host name -> lock path of the locks this run holds (taken as it started or before its first change)."""
     handler = next((h for h in state.callback_handlers if isinstance(h, _ReleaseOnFailure)), None)
     if handler is None:
         handler = _ReleaseOnFailure()
         state.add_callback_handler(handler)
-    handler.paths[host.name] = path
-
-
-def _held_by(state) -> dict:
-    # the hosts whose lock this run holds (taken as it started or before its first change): name -> path
-    if not hasattr(state, "heavylift_locks"):
-        state.heavylift_locks = {}
-    return state.heavylift_locks
+    return handler.paths
 
 
 def hold(host, state, path: str, dry: bool = False) -> str:
     """This run's hold on the host's lock: a look now, with the run's other reads; the take just before the
     run's first change to the host (``factbatch.before_first_change``), naming the generation seen now.
-    Raises HostLocked naming the holder when another run holds it. A stale lock is recovered (and taken) now;
-    so is every lock when the fact batch is off. A dry run only looks."""
+    Raises HostLocked naming the holder when another run holds it. A stale lock is recovered (and taken) now,
+    with a warning; so is every lock when the fact batch is off. A dry run only looks (and warns when
+    another run holds the lock)."""
     if isinstance(host, ContextObject):
         host = host._get_module()
     lock = host.get_fact(DeployLock, path=path)
     if lock["state"] == "held":
         said = f"locked by {lock['holder']}: {path}"
-        if dry:
-            return f"another run holds the lock: {said}"
-        raise HostLocked(
-            f"host '{host.name}': {said}. One run at a time per host: wait for it to finish; a lock whose run died "
-            f"is recovered automatically by the next run."
-        )
-    if dry:
-        return "free" if lock["state"] == "free" else f"stale lock of {lock['holder']}"
-    if lock["state"] == "free" and factbatch.before_first_change(host, lambda: _take_at_first_change(
+        if not dry:
+            raise _locked(host, said)
+        said = f"another run holds the lock: {said}"
+    elif dry:
+        said = "free" if lock["state"] == "free" else f"stale lock of {lock['holder']}"
+    elif lock["state"] == "free" and factbatch.before_first_change(host, lambda: _take_at_first_change(
             host, state, path, lock["generation"])):
-        return "free: taken at this run's first change"
-    said = take(host, path, state=state, generation=lock["generation"])
-    _held_by(state)[host.name] = path
-    _release_on_failure(state, host, path)
+        said = "free: taken at this run's first change"
+    else:
+        said = take(host, path, state=state, generation=lock["generation"])
+        _held(state)[host.name] = path
+    if said.startswith(("recovered", "another run")):
+        logger.warning(f"{host.print_prefix}{said}")
     return said
 
 
@@ -149,8 +146,7 @@ def _take_at_first_change(host, state, path: str, generation: int) -> tuple[bool
     said = " ".join(output.stdout.split()) or output.stderr.strip()
     if not status:
         return False, f"host '{host.name}': the deploy lock {path} was not taken, so nothing was changed: {said}"
-    _held_by(state)[host.name] = path
-    _release_on_failure(state, host, path)
+    _held(state)[host.name] = path
     return True, said
 
 
@@ -165,7 +161,7 @@ def released(path: str):
     a run that changed nothing still says so. A lock held by another run is left alone.
     """
     if current_state.is_executing:
-        if _held_by(current_state).pop(current_host.name, None) is None:
+        if _held(current_state).pop(current_host.name, None) is None:
             current_host.noop("no deploy lock to give back: this run changed nothing, so it never took it")
             return
         status, output = current_host.run_shell_command(lock_command(path, "release"))

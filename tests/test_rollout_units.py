@@ -53,11 +53,13 @@ def test_lock_names_its_holder_and_goes_stale_when_the_holder_dies(tmp_path):
         assert f"(host process {first.pid} python" in second.stdout
         assert time.monotonic() - started < 5
         # a dry run only looks
-        assert take(lock, mode="check").stdout.startswith("locked by first run")
+        seen = look(lock)
+        assert seen["state"] == "held" and seen["holder"].startswith("first run (pid 1234)"), seen
     finally:
         first.kill()
         first.wait()
-    assert take(lock, mode="check").stdout.startswith("stale lock of first run")
+    seen = look(lock)
+    assert seen["state"] == "stale" and seen["holder"].startswith("first run (pid 1234)"), seen
     third = take(lock, "third run")
     assert third.returncode == 0, third.stdout + third.stderr
     assert third.stdout.startswith("recovered a stale lock of first run (pid 1234)")
@@ -166,7 +168,21 @@ def test_take_raises_naming_the_holder():
 
     with pytest.raises(hostlock.HostLocked, match=r"host 'gpu1': locked by pyinfra run of ops@ctl \(pid 42\)"):
         hostlock.take(Host(), "/opt/heavylift/deploy.lock")
-    assert hostlock.take(Host(), "/opt/heavylift/deploy.lock", dry=True).startswith("another run holds the lock")
+
+
+def test_hold_refuses_a_held_lock_and_a_dry_run_only_says_so():
+    class Host:
+        name = "gpu1"
+        print_prefix = "[gpu1] "
+
+        def get_fact(self, cls, path):
+            assert cls is hostlock.DeployLock
+            return {"state": "held", "holder": "pyinfra run of ops@ctl (pid 42) since X", "generation": 3}
+
+    with pytest.raises(hostlock.HostLocked, match=r"host 'gpu1': locked by pyinfra run of ops@ctl \(pid 42\)"):
+        hostlock.hold(Host(), SimpleNamespace(), "/opt/heavylift/deploy.lock")
+    assert hostlock.hold(Host(), SimpleNamespace(), "/opt/heavylift/deploy.lock", dry=True).startswith(
+        "another run holds the lock: locked by pyinfra run of ops@ctl (pid 42)")
 
 
 # --- secrets ------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Run as: python3 -c <this file> PATH LABEL MODE [GENERATION] (standard library only).
 
-MODE: take, check (a dry run), release, or look (one JSON line: state free/held/stale, the holder,
-the generation). Every take counts a generation in PATH.generation; a take given the GENERATION a
+MODE: take, release, or look (one JSON line: state free/held/stale, the holder, the generation;
+a dry run only looks). Every take counts a generation in PATH.generation; a take given the GENERATION a
 run read before (operations/hostlock.py: a run takes the lock at its first change) fails with exit
 76 when another run took the lock since.
 """
@@ -77,15 +77,12 @@ if mode == "release":
         os.system(f"rm -rf '{aside}'")
         print(f"released: {describe(record)}")
     sys.exit(0)
-os.makedirs(os.path.dirname(path), exist_ok=True) if mode == "take" else None
+os.makedirs(os.path.dirname(path), exist_ok=True)
 for attempt in range(3):
     record = read(path) if os.path.isdir(path) else None
     if record is not None and alive(record):
         print(f"locked by {describe(record)}: {path}")
         sys.exit(75)
-    if mode == "check":
-        print("free" if record is None else f"stale lock of {describe(record)}")
-        sys.exit(0)
     if record is not None:
         aside = f"{path}.stale.{os.getpid()}"
         try:
