@@ -1,17 +1,24 @@
 """Build the payload that lets heavylift converge a GPU machine with no registry: wheels, uv, heavylift's
 own control-side dependencies, packed small enough to carry in a few 60 MB parts.
 
-    .venv/bin/python scripts/gpu_payload.py OUT_DIR [--vllm 0.26.0] [--python 3.12] [--part-mb 60]
+    scripts/bootstrap.sh                                  # once: heavylift's uv (.tools/bin/uv) and .venv
+    .venv/bin/python scripts/gpu_payload.py [OUT_DIR] [--vllm 0.26.0] [--python 3.12] [--part-mb 55]
+
+OUT_DIR defaults to the repository's ``.gpu/`` (ignored by git), where ``scripts/gpu_proof.sh carry`` reads
+the parts on the GPU machine. uv is heavylift's own, ``.tools/bin/uv`` (``HEAVYLIFT_UV`` names another),
+never ``uv`` from PATH, as everywhere in heavylift (scripts/bootstrap.sh says why).
 
 What it makes (in OUT_DIR):
-- ``payload.tar.xz.partNN`` and ``payload.sha256``: one xz archive, split. It holds every wheel
+- ``payload.tar.xz.partNN`` and ``payload.sha256``: one xz archive, split into parts of at most 55 MiB,
+  so that one part and the working tree (a few MB) fit the 64 MiB one GPU-machine call carries. It holds every wheel
   *unpacked* (xz compresses the files far better than the wheels' own deflate); on the GPU machine
   ``scripts/gpu_unpack.py`` zips each folder back into the same wheel (the RECORD inside a wheel
   lists its files' hashes, not the zip's, so the re-zipped wheel is the same wheel to pip and uv).
-- ``wheelhouse/``: the vLLM build and everything it needs except what the host's Python already has
+- ``build/``: what the parts are made of (kept, so a second run downloads nothing again):
+- ``build/wheelhouse/``: the vLLM build and everything it needs except what the host's Python already has
   (``HOST_PACKAGES``: torch and its companions, reused through ``vllm.host_packages``) and the
   optional GPU kernel packages a dense or MLA model does not import (``EXCLUDED``); plus uv's wheel.
-- ``control/``: heavylift's own dependencies (uv.lock) for the GPU machine's Python, to run pyinfra there.
+- ``build/control/``: heavylift's own dependencies (uv.lock) for the GPU machine's Python, to run pyinfra there.
 
 The vLLM wheel is pruned of parts Hopper never loads (``PRUNED``): FlashAttention 2's kernels
 (Hopper runs FA3), the Rust router binary, DeepGEMM's and the SM100 FMHA's sources. The pruned wheel
@@ -27,10 +34,13 @@ import hashlib
 import io
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# heavylift's own uv, installed by scripts/bootstrap.sh; a uv from PATH may be another version or a pyenv shim
+UV = Path(os.environ.get("HEAVYLIFT_UV") or REPO / ".tools" / "bin" / "uv")
 UV_VERSION = "0.13.9"
 HUB_CLIENT = "huggingface_hub==2.4.0"
 # reused from the host's own Python (the GPU image's CUDA build of torch): vllm.host_packages
@@ -58,9 +68,17 @@ def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, check=True, **kwargs)
 
 
+def uv() -> str:
+    """heavylift's uv, or an error that says how to get it."""
+    if not os.access(UV, os.X_OK):
+        sys.exit(f"gpu_payload: no uv at {UV}: run scripts/bootstrap.sh first (it installs heavylift's uv "
+                 "into .tools/bin/uv), or set HEAVYLIFT_UV to a uv binary")
+    return str(UV)
+
+
 def pip() -> list[str]:
     """pip, run by uv (heavylift's control venv has no pip of its own)."""
-    return [os.environ.get("UV", "uv"), "tool", "run", "--quiet", "--from", "pip==25.3", "pip"]
+    return [uv(), "tool", "run", "--quiet", "--from", "pip==25.3", "pip"]
 
 
 def download(requirements: list[str], dest: Path, python: str) -> None:
@@ -75,8 +93,7 @@ def closure(vllm: str, python: str, find_links: Path) -> list[str]:
     """vLLM's dependency closure for that Python on x86_64 Linux, without the host's and the excluded packages."""
     excludes = find_links / "excludes.txt"
     excludes.write_text("\n".join(HOST_PACKAGES + EXCLUDED) + "\n")
-    uv = os.environ.get("UV", "uv")
-    out = run(uv, "pip", "compile", "--quiet", "--python-version", python, "--python-platform", "x86_64-manylinux_2_28",
+    out = run(uv(), "pip", "compile", "--quiet", "--python-version", python, "--python-platform", "x86_64-manylinux_2_28",
               "--excludes", str(excludes), "--find-links", str(find_links), "--no-header", "--no-annotate", "-",
               input=f"vllm=={vllm}\n{HUB_CLIENT}\n", capture_output=True, text=True).stdout
     return [line.strip() for line in out.splitlines() if line.strip() and not line.startswith(("#", " "))]
@@ -122,13 +139,17 @@ def unpack(wheel: Path, into: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
+    parser.add_argument("out", type=Path, nargs="?", default=REPO / ".gpu")
     parser.add_argument("--vllm", default="0.26.0")
     parser.add_argument("--python", default="3.12")
-    parser.add_argument("--part-mb", type=int, default=60)
+    parser.add_argument("--part-mb", type=int, default=55)
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
-    raw, wheelhouse, control = out / "raw", out / "wheelhouse", out / "control"
+    # as bootstrap.sh runs uv: never a downloaded Python, the system's certificate store
+    os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    os.environ.setdefault("UV_SYSTEM_CERTS", "1")
+    build = out / "build"
+    raw, wheelhouse, control = build / "raw", build / "wheelhouse", build / "control"
     for folder in (raw, wheelhouse, control):
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -143,21 +164,21 @@ def main(argv: list[str] | None = None) -> None:
     prune_wheel(vllm_wheel, wheelhouse)
     run(*pip(), "download", "--quiet", "--disable-pip-version-check", "--no-deps",
         "--only-binary=:all:", "--platform", "manylinux_2_17_x86_64", "-d", str(wheelhouse), f"uv=={UV_VERSION}")
-    locked = subprocess.run([os.environ.get("UV", "uv"), "export", "--frozen", "--no-dev", "--no-hashes", "--no-emit-project"],
+    locked = subprocess.run([uv(), "export", "--frozen", "--no-dev", "--no-hashes", "--no-emit-project"],
                             cwd=REPO, check=True, capture_output=True, text=True).stdout
     control_requirements = [line.split(";")[0].strip() for line in locked.splitlines() if line and not line.lstrip().startswith("#")]
     download(control_requirements, control, args.python)
-    (out / "control-requirements.txt").write_text("\n".join(control_requirements) + "\n")
+    (build / "control-requirements.txt").write_text("\n".join(control_requirements) + "\n")
 
-    tree = out / "tree"
+    tree = build / "tree"
     if not tree.exists():
-        staging = out / "tree.partial"
+        staging = build / "tree.partial"
         for group, folder in (("wheelhouse", wheelhouse), ("control", control)):
             for wheel in sorted(folder.glob("*.whl")):
                 unpack(wheel, staging / group)
-        (staging / "control-requirements.txt").write_text((out / "control-requirements.txt").read_text())
+        (staging / "control-requirements.txt").write_text((build / "control-requirements.txt").read_text())
         staging.rename(tree)
-    archive = out / "payload.tar.xz"
+    archive = build / "payload.tar.xz"
     if not archive.exists():
         with open(archive.with_suffix(".partial"), "wb") as handle:
             tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."], stdout=subprocess.PIPE)
@@ -171,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     (out / "payload.sha256").write_text(f"{digest}  payload.tar.xz\n")
     parts = sorted(out.glob("payload.tar.xz.part*"))
-    print(f"payload: {archive.stat().st_size / 1e6:.1f} MB in {len(parts)} parts: {', '.join(p.name for p in parts)}")
+    print(f"payload: {archive.stat().st_size / 1e6:.1f} MB in {len(parts)} parts of at most {args.part_mb} MiB in {out}: "
+          f"{', '.join(p.name for p in parts)}; carry one part (and payload.sha256) per GPU-machine call")
 
 
 if __name__ == "__main__":
