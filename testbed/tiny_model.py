@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -206,30 +207,44 @@ def prepare(dest: str | Path) -> Path:
 # ---------------------------------------------------------------- Llama
 
 
-def llama_layer(w: WeightFactory, layer: int) -> dict[str, tuple[str, np.ndarray]]:
+@dataclass(frozen=True)
+class LlamaShape:
+    """The dims that tensor parallelism splits: vLLM shards attention by heads and the MLP by its
+    intermediate size, so TP N needs both (and the KV heads) divisible by N."""
+
+    heads: int = NUM_HEADS
+    hidden: int = HIDDEN_SIZE
+    intermediate: int = INTERMEDIATE_SIZE
+
+
+# 8 heads of 32 (attention and KV), MLP 512: splits over TP 1, 2, 4 and 8
+TP8_SHAPE = LlamaShape(heads=8, hidden=8 * HEAD_DIM, intermediate=512)
+
+
+def llama_layer(w: WeightFactory, layer: int, shape: LlamaShape = LlamaShape()) -> dict[str, tuple[str, np.ndarray]]:
     p = f"model.layers.{layer}"
-    attn = NUM_HEADS * HEAD_DIM
+    attn = shape.heads * HEAD_DIM
     return {
-        f"{p}.input_layernorm.weight": w.ones(HIDDEN_SIZE),
-        f"{p}.self_attn.q_proj.weight": w.normal(attn, HIDDEN_SIZE),
-        f"{p}.self_attn.k_proj.weight": w.normal(attn, HIDDEN_SIZE),
-        f"{p}.self_attn.v_proj.weight": w.normal(attn, HIDDEN_SIZE),
-        f"{p}.self_attn.o_proj.weight": w.normal(HIDDEN_SIZE, attn),
-        f"{p}.post_attention_layernorm.weight": w.ones(HIDDEN_SIZE),
-        **dense_mlp(w, f"{p}.mlp", HIDDEN_SIZE, INTERMEDIATE_SIZE),
+        f"{p}.input_layernorm.weight": w.ones(shape.hidden),
+        f"{p}.self_attn.q_proj.weight": w.normal(attn, shape.hidden),
+        f"{p}.self_attn.k_proj.weight": w.normal(attn, shape.hidden),
+        f"{p}.self_attn.v_proj.weight": w.normal(attn, shape.hidden),
+        f"{p}.self_attn.o_proj.weight": w.normal(shape.hidden, attn),
+        f"{p}.post_attention_layernorm.weight": w.ones(shape.hidden),
+        **dense_mlp(w, f"{p}.mlp", shape.hidden, shape.intermediate),
     }
 
 
-def llama_config(ids: dict[str, int]) -> dict:
+def llama_config(ids: dict[str, int], shape: LlamaShape = LlamaShape()) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": INTERMEDIATE_SIZE,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
         "num_hidden_layers": NUM_LAYERS,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_HEADS,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.heads,
         "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POSITIONS,
@@ -244,16 +259,22 @@ def llama_config(ids: dict[str, int]) -> dict:
     }
 
 
-def write_tiny_llama(dest: str | Path) -> Path:
-    """A LlamaForCausalLM with random bf16 weights in 2 safetensors shards (about 300 KB)."""
+def write_tiny_llama(dest: str | Path, shape: LlamaShape = LlamaShape()) -> Path:
+    """A LlamaForCausalLM with random bf16 weights in 2 safetensors shards (about 300 KB at the default shape)."""
     dest = prepare(dest)
     ids = special_token_ids(write_tokenizer(dest))
-    write_json(dest / "config.json", llama_config(ids))
+    write_json(dest / "config.json", llama_config(ids, shape))
     write_generation_config(dest, ids)
-    shards = split_in_two_shards(WeightFactory(), llama_layer, NUM_LAYERS, VOCAB_SIZE, HIDDEN_SIZE)
+    layer = lambda w, index: llama_layer(w, index, shape)  # noqa: E731
+    shards = split_in_two_shards(WeightFactory(), layer, NUM_LAYERS, VOCAB_SIZE, shape.hidden)
     write_sharded_weights(dest, shards)
-    write_readme(dest, "tiny-llama")
+    write_readme(dest, "tiny-llama" if shape == LlamaShape() else f"tiny-llama ({shape.heads} heads)")
     return dest
+
+
+def write_tiny_llama_tp8(dest: str | Path) -> Path:
+    """The tiny Llama with 8 attention and KV heads: tensor parallel up to 8 on vLLM's CPU build."""
+    return write_tiny_llama(dest, TP8_SHAPE)
 
 
 # ---------------------------------------------------------------- DeepSeek-V3-style MLA
@@ -400,7 +421,9 @@ def write_tiny_mla(dest: str | Path, kv_cache_quant: bool = True) -> Path:
 
 # ---------------------------------------------------------------- CLI
 
-WRITERS: dict[str, Callable[[str | Path], Path]] = {"llama": write_tiny_llama, "mla": write_tiny_mla}
+WRITERS: dict[str, Callable[[str | Path], Path]] = {
+    "llama": write_tiny_llama, "llama-tp8": write_tiny_llama_tp8, "mla": write_tiny_mla,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.hub_mirror import HubMirror, publish_repo
-from testbed.tiny_model import write_tiny_llama, write_tiny_mla
+from testbed.tiny_model import write_tiny_llama, write_tiny_llama_tp8, write_tiny_mla
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
@@ -87,11 +87,13 @@ def hub_mirror(tmp_path_factory):
     """A real Hub-compatible server (olah, offline) on loopback serving the tiny test checkpoints."""
     base = tmp_path_factory.mktemp("hub")
     write_tiny_llama(base / "tiny-llama")
+    # 8 attention and KV heads: tensor parallel 2 (and up to 8) on vLLM's CPU build
+    write_tiny_llama_tp8(base / "tiny-llama-tp8")
     # the MLA one carries FP8 KV-cache entries in its pristine configs, like nvidia/Kimi-K2.5-NVFP4
     write_tiny_mla(base / "tiny-mla", kv_cache_quant=True)
     mirror_dir = base / "mirror"
     commits = {repo: publish_repo(mirror_dir, repo, base / repo.split("/")[1])
-               for repo in ("heavylift/tiny-llama", "heavylift/tiny-mla")}
+               for repo in ("heavylift/tiny-llama", "heavylift/tiny-llama-tp8", "heavylift/tiny-mla")}
     with HubMirror(mirror_dir) as mirror:
         mirror.commits = commits
         mirror.dir = mirror_dir
