@@ -14,8 +14,12 @@ HEAVYLIFT_H200_DEPLOYMENT picks the deployment. On one H200: "llama-8b" (a Llama
 port 8000) or "mla" (a Kimi-K2-attention-shaped MLA model declaring an FP8 KV cache, port 8001), side by
 side on the one GPU. On eight H200s (mla-dsv3-width, DeepSeek-V3's full width in four layers): "tp8"
 (tensor parallel 8 over GPUs 0-7, port 8000), "tp4-a" / "tp4-b" (GPUs 0-3 / 4-7, ports 8002 / 8003).
-The service's environment carries NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
-NVSHMEM_DISABLE_NVLS=1 (the launcher exports them; vLLM's worker processes inherit them).
+The machine's operators forbid NVLink multicast (its GPUs are shared; a failing multicast user can take them
+out of service): ``nvlink_multicast = False`` writes NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+NVSHMEM_DISABLE_NVLS=1 into the service's environment (models/schema.py SiteSettings.nvlink_multicast; the
+launcher exports them and vLLM's worker processes inherit them). Before a start the run checks /dev/shm against
+what the tensor parallel ranks need and the memory other processes hold on the chosen GPUs against each
+deployment's --gpu-memory-utilization (docs/tp-preflights.md): tp8 at 0.45 beside tp4-a or tp4-b at 0.45 fits.
 """
 
 import os
@@ -68,11 +72,9 @@ hosts = [
             "env": {
                 # flashinfer is not carried; vLLM 0.26 uses its sampler by default and the import fails
                 "VLLM_USE_FLASHINFER_SAMPLER": "0",
-                # this machine's rule: NVLink multicast stays off, in every process it starts
-                "NCCL_NVLS_ENABLE": "0",
-                "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                "NVSHMEM_DISABLE_NVLS": "1",
             },
+            # this machine's rule: NVLink multicast stays off in every process it starts (see the docstring)
+            "nvlink_multicast": False,
             "readiness_timeout": 900,
             "benchmark_tokens": 256,
             "download_workers": 8,

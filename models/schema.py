@@ -14,6 +14,8 @@ FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # 7-39 hex digits: an abbreviated commit, which the Hub API does not resolve
 SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
 # a deployment name becomes a unit name, a folder and a user-visible label
+# what nvlink_multicast = False writes into the service's environment (SiteSettings.nvlink_multicast says why)
+NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # where a secret comes from on the control machine: an environment variable or a file
@@ -548,6 +550,16 @@ class SiteSettings(Strict):
     max_model_len: int | None = Field(default=None, ge=16)
     extra_args: list[str] = Field(default_factory=list, description="vLLM arguments added after the catalog's")
     env: dict[str, str] = Field(default_factory=dict, description="environment for the vLLM process")
+    nvlink_multicast: bool = Field(
+        default=True,
+        description="false: vLLM and every library it loads leave NVLink multicast (NVLink SHARP, NVSwitch multicast "
+        "objects) alone, through NCCL_NVLS_ENABLE=0 (NCCL user guide, Environment Variables; NCCL 2.17+ uses NVLS on "
+        "Hopper NVSwitch systems by default), TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (PyTorch's symmetric memory, "
+        "torch/csrc/distributed/c10d/symm_mem) and NVSHMEM_DISABLE_NVLS=1 (NVSHMEM environment variables) in the "
+        "service's environment. For hosts whose operators forbid multicast (GPUs shared with others, where a failing "
+        "multicast user can take the NVSwitch fabric down for everyone) or whose GPUs lack it (PCIe boxes, H20); "
+        "all-reduces then use NVLink P2P, at most a little slower",
+    )
     service_manager: Literal["auto", "systemd", "fallback"] = "auto"
     readiness_timeout: int = Field(default=3600, ge=10, description="seconds to wait for /health and a completion")
     download_workers: int = Field(default=8, ge=1, le=64)
@@ -615,6 +627,17 @@ class SiteSettings(Strict):
         description="the same as a bound: hosts (a number) or a share of the deployment's hosts ('25%', rounded down, at least 1) "
         "out of service at once; give wave_size or max_unavailable, not both",
     )
+
+    @model_validator(mode="after")
+    def _multicast_env(self) -> "SiteSettings":
+        if not self.nvlink_multicast:
+            for name, value in NVLINK_MULTICAST_OFF.items():
+                if name in self.env and self.env[name] != value:
+                    raise ValueError(
+                        f"env.{name} is {self.env[name]!r} but nvlink_multicast = False sets it to {value!r}: "
+                        f"drop env.{name} (nvlink_multicast writes it)"
+                    )
+        return self
 
     @field_validator("max_unavailable")
     @classmethod

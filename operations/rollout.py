@@ -11,6 +11,7 @@ Every stage only reads the plan; the host's facts it reads are those its operati
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from io import StringIO
 from pathlib import Path
 
@@ -23,10 +24,12 @@ from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
 from resolve import nodes, sitesource as site_source_plan
+from resolve.compat import HostResources
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
 from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
-from .gpu import NvidiaGpus
+from .gpu import NvidiaGpus, NvidiaGpuUse, NvidiaTopology
+from .shm import DevShm
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -61,6 +64,9 @@ def planned() -> tuple[Plan, RunContext]:
     site_source = site_source_plan.plan_for(deployment.settings, host.name, ssh_hostname_of)
     gpus = host.get_fact(NvidiaGpus)
     gpu_selection(deployment, gpus, f"{origin('gpus')}, {where}")
+    # what the ranks need besides the GPUs (/dev/shm), the GPU memory others hold, how the GPUs are linked:
+    # read with the facts above, in the same round trip (operations/factbatch.py)
+    resources = host_resources(deployment, gpus)
     # a GPU image's own torch, reused by the venv (vllm.host_packages): what the host's Python has
     host_runtime = runtime.host_runtime(deployment.settings.vllm)
     runtime.check_wheelhouse(deployment.settings.vllm, f"{origin('vllm')}, {where}")
@@ -69,13 +75,25 @@ def planned() -> tuple[Plan, RunContext]:
     try:
         plan = make_plan(
             deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role,
-            site_source=site_source,
+            site_source=site_source, host_resources=resources,
         )
     except RefusedError as refusal:
         raise HeavyliftConfigError(
             f"{refusal.where or deployment.entry_file.name}: {where} ({gpus.summary()}): {refusal} No host was changed."
         ) from None
     return plan, context
+
+
+def host_resources(deployment, gpus) -> HostResources:
+    """/dev/shm (every host), the memory others hold on the GPUs (hosts with GPUs) and the GPU topology (hosts with
+    several): the facts the tensor parallel preflights judge (resolve/compat.py, docs/tp-preflights.md)."""
+    root = deployment.settings.root
+    return HostResources(
+        shm=host.get_fact(DevShm),
+        gpu_use=host.get_fact(NvidiaGpuUse, deployments_dir=posixpath.join(root, "deployments")) if gpus.count else None,
+        topology=host.get_fact(NvidiaTopology) if gpus.count > 1 else None,
+        deployment=deployment.name,
+    )
 
 
 def ssh_hostname_of(name: str) -> str | None:

