@@ -72,6 +72,7 @@ readiness.serving(
     gate=readiness.Gate(
         probe_script=layout.probe_script,
         pid_source=running.pid_source,
+        log_source=running.log_source,
         env_file=layout.env_file,
         status_file=layout.status_file,
         benchmark_tokens=settings.benchmark_tokens,

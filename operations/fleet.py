@@ -17,6 +17,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from . import hostpython
 
+from .readiness import startup_text
 from .weights import human_bytes
 
 # status.py --data json=true: each host's document, printed together when the run ends
@@ -89,6 +90,9 @@ def deployment_lines(name: str, state: dict, endpoint_host: str | None = None) -
     memory = service.get("gpu_memory_mib")
     if memory is not None:
         lines[-1] += f"; GPUs {gpus}, {memory} MiB in use by its processes"
+    if status.get("startup"):
+        # where that gate's start went, read from its vLLM log (operations/readiness.py startup_text)
+        lines.append(f"{name}: {startup_text(status['startup'])}")
     return lines
 
 
@@ -136,7 +140,7 @@ def host_document(state: dict, expected: str | None = None) -> dict:
             "service": deployment["service"],
             "last_gate": {k: status.get(k) for k in (
                 "release", "healthy", "checked_at", "load_seconds", "ttft_seconds", "tokens_per_second",
-                "decode_note", "benchmark_tokens", "rolled_back_from", "error")} if status else None,
+                "decode_note", "benchmark_tokens", "rolled_back_from", "error", "startup")} if status else None,
             "gpus": current.get("gpus"),
             "releases": deployment["releases"],
         }

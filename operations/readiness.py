@@ -40,6 +40,9 @@ class Gate:
     # a multi-node group's host names, the leader first (resolve/nodes.py); empty for a host on its own.
     # The group is gated once, on the leader, and rolled back together (operations/nodegroup.py)
     group: tuple[str, ...] = ()
+    # where the service's log is, "file:PATH" or "journal:UNIT" (operations/supervisor.py): the gate reads
+    # the start-up breakdown from this start's lines of it
+    log_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ def probe_command(url: str, model: str, budget_seconds: float, gate: Gate, write
         args += ["--status-file", QuoteString(gate.status_file)]
     if write_status:
         args += ["--write-status", "--meta", QuoteString(json.dumps(gate.meta, sort_keys=True))]
+        if gate.log_source:  # a (re)start's gate reads its log; a look carries the figures of that gate
+            args += ["--log-source", QuoteString(gate.log_source)]
     return StringCommand(*args)
 
 
@@ -97,12 +102,49 @@ def report_line(meta: dict, result: dict, endpoint: str) -> str:
     release = result.get("release") or meta.get("release")
     # a look at a running service carries the figures its last gate measured, and says so
     measured = f" (at the gate of {result['figures_at']})" if result.get("figures_at") else ""
+    start = f"; {startup_text(result['startup'])}" if result.get("startup") else ""
     return (
         f"report: deployment {meta.get('deployment')} release {release} "
         f"vLLM {meta.get('vllm')} model {meta.get('model')} endpoint {endpoint} "
         f"health {'ok' if result.get('healthy') else 'FAILED'} load {seconds('load_seconds')} "
-        f"ttft {seconds('ttft_seconds')} {decode}{measured}"
+        f"ttft {seconds('ttft_seconds')} {decode}{start}{measured}"
     )
+
+
+def startup_text(breakdown: dict) -> str:
+    """Where a start went (scripts/readiness_probe.py ``startup``), in one line: seconds from the process start
+    to the engine, the API and the first completion, and what each stage of the engine took. A stage vLLM's
+    log did not show (no torch.compile with --enforce-eager, no CUDA graphs on a CPU) is "absent"."""
+
+    def at(key):
+        return _seconds_or_unknown(breakdown.get(key))
+
+    weights, compiled, kv, graphs = (breakdown.get(k) for k in ("weights", "compile", "kv_cache", "cuda_graphs"))
+    parts = [f"start: engine up {at('engine_up_seconds')}"]
+    if weights:
+        rate = f", {weights['gb_per_s']:g} GB/s" if weights.get("gb_per_s") is not None else ""
+        size = f"{weights['gib']:g} GiB in " if weights.get("gib") is not None else ""
+        parts.append(f"weights {size}{weights['seconds']:g} s{rate}")
+    else:
+        parts.append("weights absent")
+    if compiled:
+        cache = f" (cache {compiled['cache']})" if compiled.get("cache") else ""
+        parts.append(f"torch.compile {_seconds_or_unknown(compiled.get('seconds'))}{cache}")
+    else:
+        parts.append("torch.compile absent")
+    if kv:
+        size = f"{kv['gib']:g} GiB" if kv.get("gib") is not None else "? GiB"
+        tokens = f", {kv['tokens']:,} tokens" if kv.get("tokens") is not None else ""
+        parts.append(f"KV cache {size}{tokens}")
+    else:
+        parts.append("KV cache absent")
+    parts.append(f"CUDA graphs {graphs['seconds']:g} s" if graphs else "CUDA graphs absent")
+    parts.append(f"engine init {at('init_engine_seconds')}")
+    return ", ".join(parts) + f"; API up {at('api_up_seconds')}, first completion {at('first_completion_seconds')}"
+
+
+def _seconds_or_unknown(value) -> str:
+    return f"{value:g} s" if value is not None else "?"
 
 
 def _gate(host, url, model, budget_seconds, gate):

@@ -24,11 +24,12 @@ from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
 from resolve import nodes, sitesource as site_source_plan
-from resolve.compat import HostResources
+from resolve.compat import CPU_PACKAGES, HostResources
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
 from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
 from .gpu import NvidiaGpus, NvidiaGpuUse, NvidiaTopology
+from .cpus import HostCpus
 from .shm import DevShm
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -93,6 +94,8 @@ def host_resources(deployment, gpus) -> HostResources:
         gpu_use=host.get_fact(NvidiaGpuUse, deployments_dir=posixpath.join(root, "deployments")) if gpus.count else None,
         topology=host.get_fact(NvidiaTopology) if gpus.count > 1 else None,
         deployment=deployment.name,
+        # vLLM's CPU build binds each rank to CPUs (rule cpu-tp-thread-bind); a GPU build does not need them
+        cpus=host.get_fact(HostCpus) if deployment.settings.vllm.package in CPU_PACKAGES else None,
     )
 
 
@@ -297,7 +300,7 @@ def gate_passed(plan, chosen, dependencies) -> dict:
         gate=readiness.Gate(
             probe_script=layout.probe_script, pid_source=chosen.pid_source, env_file=layout.env_file,
             status_file=layout.status_file, benchmark_tokens=gate.benchmark_tokens, meta=gate.meta,
-            group=plan.group,
+            group=plan.group, log_source=chosen.log_source,
         ),
         dependencies=dependencies,
         rollback=readiness.Rollback(

@@ -18,6 +18,7 @@ import os
 import posixpath
 import re
 import shlex
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
@@ -26,6 +27,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from . import hostpython, uv_wheel
+from resolve import wheelhouse
 from resolve.venvs import HostRuntime, host_package_names
 
 # uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
@@ -480,6 +482,69 @@ def shell_join(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+class WheelhouseCopy(FactBase):
+    """The host's copy of an uploaded wheelhouse: {"record": its RECORD (resolve/wheelhouse.py), "wheels":
+    {name: [size, mtime in whole seconds]}}; one ``find``, nothing hashed."""
+
+    def command(self, folder):
+        record = posixpath.join(folder, wheelhouse.RECORD)
+        return StringCommand(
+            "cat", QuoteString(record), "2>/dev/null", ";", "echo", ";",
+            "find", QuoteString(folder), "-maxdepth", "1", "-type", "f", "-name", QuoteString("*.whl"),
+            "-printf", QuoteString("%s %T@ %f\\n"), "2>/dev/null", "||", "true",
+        )
+
+    def process(self, output):
+        lines = list(output)
+        try:
+            record = json.loads(lines[0]) if lines and lines[0].strip() else {}
+        except ValueError:  # a damaged record: every wheel is uploaded again
+            record = {}
+        wheels = {}
+        for line in lines[1:]:
+            size, mtime, name = (line.split(" ", 2) + ["", ""])[:3]
+            if size.isdigit() and name:
+                wheels[name] = [int(size), int(float(mtime))]
+        return {"record": record if isinstance(record, dict) else {}, "wheels": wheels}
+
+
+@operation()
+def wheelhouse_uploaded(src: str, dest: str):
+    """
+    A control-machine folder of wheels copied into a folder on the host (``vllm.wheelhouse_upload``).
+
+    + src: the folder on this machine
+    + dest: the folder on the host (``vllm.wheelhouse``)
+
+    A converged run stats the wheels on both sides and hashes none (resolve/wheelhouse.py keeps each
+    local wheel's sha256 by the file's identity). A wheel the host lacks, or holds with another size,
+    mtime or digest than its record says, is uploaded with the local mtime, then the record is rewritten.
+    Wheels only the host has stay. On ``@local`` with ``dest`` the same folder as ``src`` nothing is copied.
+    """
+    from pyinfra.connectors.local import LocalConnector
+
+    if issubclass(host.connector_cls, LocalConnector) and os.path.realpath(src) == os.path.realpath(dest):
+        host.noop(f"the wheelhouse {dest} is this machine's own folder")
+        return
+    if not os.path.isdir(src):
+        raise OperationError(f"field 'vllm.wheelhouse_upload': {src} is not a folder on this machine")
+    wheels = wheelhouse.local_wheels(src)
+    if not wheels:
+        raise OperationError(f"field 'vllm.wheelhouse_upload': {src} holds no wheels (*.whl)")
+    copy = host.get_fact(WheelhouseCopy, folder=dest)
+    missing = wheelhouse.stale(wheels, copy["record"], copy["wheels"])
+    if not missing:
+        host.noop(f"the {len(wheels)} wheels of {src} are in {dest}")
+        return
+    yield StringCommand("mkdir", "-p", QuoteString(dest))
+    for wheel in missing:
+        target = posixpath.join(dest, wheel.name)
+        yield FileUploadCommand(wheel.path, target, remote_temp_filename=host.get_temp_filename(target))
+        yield StringCommand("touch", "-m", "-d", f"@{wheel.mtime}", QuoteString(target))
+    record = json.dumps(wheelhouse.record_of(missing, copy["record"]), sort_keys=True)
+    yield FileUploadCommand(StringIO(record + "\n"), posixpath.join(dest, wheelhouse.RECORD))
+
+
 def vllm_runtime(layout, part):
     """The vLLM build's venv beside the active one, checked, then the switch (``part``: resolve/plan.py RuntimePart).
 
@@ -490,7 +555,7 @@ def vllm_runtime(layout, part):
     previous = host.get_fact(VllmRuntimeState, link=layout.active_venv)
     log_build_change(build, venv_plan, previous, host.get_fact(CompleteVenv, path=venv_plan.path))
     if part.wheelhouse_upload:
-        files.sync(name="wheelhouse (uploaded)", src=part.wheelhouse_upload, dest=part.wheelhouse)
+        wheelhouse_uploaded(name="wheelhouse (uploaded)", src=part.wheelhouse_upload, dest=part.wheelhouse)
     # a new build goes into its own folder beside the active one; the link below switches only after
     # it is installed, patched and checked (a failure stops this host before the switch)
     venv_op = venv(

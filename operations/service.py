@@ -8,6 +8,7 @@ changed in this run or when the running process was started from another release
 
 from __future__ import annotations
 
+import json
 import posixpath
 import shlex
 
@@ -16,7 +17,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import server
 
-from . import nodegroup
+from . import hostpython, nodegroup
 
 
 class PasswdEntry(FactBase):
@@ -140,6 +141,62 @@ def stale_release(pid_source: str, releases_dir: str, release: str | None) -> st
     return f"vLLM (pid {running['pid']}) runs {started}, not the current release {release}"
 
 
+class DeploymentProcesses(FactBase):
+    """The deployment's live processes (scripts/service_procs.py ``list``): ``{"main", "service", "leftovers"}``.
+
+    A process belongs to the deployment when it runs as the service user from a folder under its releases
+    (the launcher's ``cd``, inherited by every process vLLM starts); ``service`` is the supervisor's main
+    process and its descendants, ``leftovers`` every other one (an earlier start's engine core and ranks).
+    """
+
+    def command(self, releases_dir, user, pid_source):
+        return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script(PROCS_SCRIPT)), "list",
+                             QuoteString(releases_dir), QuoteString(user), QuoteString(pid_source))
+
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+PROCS_SCRIPT = "service_procs.py"
+
+
+def processes_ended(releases_dir: str, user: str, pid_source: str) -> StringCommand:
+    """Ends the deployment's processes outside its service (SIGTERM, then SIGKILL) and removes the /dev/shm
+    segments its ranks left that no process holds (scripts/service_procs.py ``end``). After a stop, that is
+    every process of the deployment: a rank or engine core that outlived its API server goes too."""
+    return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script(PROCS_SCRIPT)), "end",
+                         QuoteString(releases_dir), QuoteString(user), QuoteString(pid_source))
+
+
+def describe_processes(found: list[dict]) -> str:
+    return ", ".join(f"pid {p['pid']} {p['name']} (release {p['release']})" for p in found)
+
+
+@operation()
+def leftovers_ended(releases_dir: str, user: str, pid_source: str):
+    """
+    No process of the deployment outside its service: an earlier start's engine core and ranks (still holding
+    their memory, on GPU hosts their GPUs) are ended before the service starts or restarts, and the /dev/shm
+    segments ranks left behind (held by no process) removed.
+
+    + releases_dir: the deployment's releases folder (its processes run from a release in it)
+    + user: the service user they run as
+    + pid_source: the supervisor's main process ("systemd:UNIT" or "pidfile:PATH")
+    """
+    found = host.get_fact(DeploymentProcesses, releases_dir=releases_dir, user=user, pid_source=pid_source)
+    if not found["leftovers"] and not found["stale_segments"]:
+        host.noop(f"no process of {releases_dir} runs outside the service, no segment of its ranks is left")
+        return
+    if found["leftovers"]:
+        logger.warning(f"{host.print_prefix}left from an earlier start, not part of the running service, "
+                       f"ended before the start: {describe_processes(found['leftovers'])}")
+    if found["stale_segments"]:
+        size = sum(segment["bytes"] for segment in found["stale_segments"]) / (1 << 20)
+        logger.info(f"{host.print_prefix}{len(found['stale_segments'])} /dev/shm segments of {user}'s earlier vLLM "
+                    f"starts ({size:.0f} MiB) are held by no process: removed")
+    yield processes_ended(releases_dir, user, pid_source)
+
+
 def manager_of(setting: str) -> str:
     """The service manager the site's ``service_manager`` means on this host: systemd or fallback."""
     if setting == "auto":
@@ -180,12 +237,13 @@ class SystemdVersion(FactBase):
 RESTART_BACKOFF_SINCE = 254
 
 
-def systemd_restart(unit: str) -> list[StringCommand]:
-    """Stop (waits for vLLM to exit, so the gate can't reach the old process), then start without
-    waiting: the unit stays "activating" until /health answers (ExecStartPost), which can take
-    an hour; the readiness gate does the waiting and reports."""
+def systemd_restart(unit: str, reap: list[StringCommand]) -> list[StringCommand]:
+    """Stop (waits for vLLM to exit, so the gate can't reach the old process), end what it left (``reap``:
+    ``processes_ended``), then start without waiting: the unit stays "activating" until /health answers
+    (ExecStartPost), which can take an hour; the readiness gate does the waiting and reports."""
     return [
         StringCommand("systemctl", "stop", QuoteString(unit)),
+        *reap,
         # a release that crashed StartLimitBurst times is refused until reset
         StringCommand("systemctl", "reset-failed", QuoteString(unit), "2>/dev/null", "||", "true"),
         StringCommand("systemctl", "start", "--no-block", QuoteString(unit)),
@@ -194,7 +252,7 @@ def systemd_restart(unit: str) -> list[StringCommand]:
 
 @operation()
 def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: OperationMeta | None = None,
-                 release: str | None = None, releases_dir: str = "", group: tuple[str, ...] = ()):
+                 release: str | None = None, releases_dir: str = "", group: tuple[str, ...] = (), user: str = ""):
     """
     A systemd unit enabled and running, restarted when a dependency changed or when it runs
     another release than ``release``.
@@ -205,7 +263,9 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     + release: the release id ``current`` names; the running process's is read (``RunningRelease``)
     + releases_dir: the folder of the release folders
     + group: the host names of its multi-node group: a change on any node restarts every node
+    + user: the service user: what the old process left is ended after its stop (``processes_ended``)
     """
+    reap = [processes_ended(releases_dir, user, f"systemd:{unit}")] if user and releases_dir else []
     if unit_file_op is not None and changed_in_this_run([unit_file_op]):
         yield "systemctl daemon-reload"
     status = host.get_fact(SystemdUnitState, unit=unit)
@@ -214,10 +274,10 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     if not status["active"]:
         yield StringCommand("systemctl", "start", "--no-block", QuoteString(unit))
     elif changed_in_this_run(dependencies, group):
-        yield from systemd_restart(unit)
+        yield from systemd_restart(unit, reap)
     elif why := stale_release(f"systemd:{unit}", releases_dir, release):
         logger.warning(f"{host.print_prefix}{why}: restarting {unit}")
-        yield from systemd_restart(unit)
+        yield from systemd_restart(unit, reap)
     else:
         host.noop(f"{unit} is running{running_note(release)} and nothing it depends on changed")
 
@@ -248,10 +308,13 @@ def _stop(pidfile: str, grace_seconds: int):
     )
 
 
-def daemon_restart(launcher: str, env_file: str, pidfile: str, logfile: str, grace_seconds: int = 60,
+def daemon_restart(launcher: str, env_file: str, pidfile: str, logfile: str, reap: list[StringCommand], grace_seconds: int = 60,
                    user: str | None = None, home: str | None = None) -> list[StringCommand]:
+    """Stop (TERM, then KILL after the grace), end what the old process left (``reap``: ``processes_ended``),
+    start."""
     return [
         _stop(pidfile, grace_seconds),
+        *reap,
         StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile))),
         _start(launcher, env_file, pidfile, logfile, user, home),
     ]
@@ -278,9 +341,13 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
     + group: the host names of its multi-node group: a change on any node restarts every node
     """
     is_running = host.get_fact(DaemonRunning, pidfile=pidfile)
+    # start-stop-daemon stops only the API server: an engine core or rank that outlives it is ended after
+    stopped = [_stop(pidfile, grace_seconds)]
+    if user and releases_dir:
+        stopped.append(processes_ended(releases_dir, user, f"pidfile:{pidfile}"))
     if not running:
         if is_running:
-            yield _stop(pidfile, grace_seconds)
+            yield from stopped
         else:
             host.noop(f"{launcher} is stopped")
         return
@@ -291,11 +358,11 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
         yield StringCommand("rm", "-f", QuoteString(pidfile))
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif changed_in_this_run(dependencies, group):
-        yield _stop(pidfile, grace_seconds)
+        yield from stopped
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif why := stale_release(f"pidfile:{pidfile}", releases_dir, release):
         logger.warning(f"{host.print_prefix}{why}: restarting it")
-        yield _stop(pidfile, grace_seconds)
+        yield from stopped
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     else:
         host.noop(f"{launcher} is running{running_note(release)} (pidfile {pidfile}) and nothing it depends on changed")

@@ -29,11 +29,15 @@ class Supervisor:
     stop: tuple  # StringCommands: stop and keep stopped (systemd: also disable)
     log_command: StringCommand  # the last 40 lines of the service's log
     pid_source: str  # for the readiness probe: "systemd:UNIT" or "pidfile:PATH"
+    log_source: str = ""  # for the readiness probe's start-up breakdown: "journal:UNIT" or "file:PATH"
 
     def converged(self, plan, dependencies: list[OperationMeta]) -> OperationMeta:
         """The service of ``plan`` (resolve/plan.py) running its current release, restarted only when one of
         ``dependencies`` changed (or it runs another release than current)."""
         layout, part = plan.layout, plan.service
+        # an earlier start's engine core and ranks that outlived their API server: ended before this start
+        service.leftovers_ended(name="vLLM processes outside the service", releases_dir=layout.releases, user=part.user,
+                                pid_source=self.pid_source)
         if self.manager == "systemd":
             unit_file = files.template(
                 name="systemd unit",
@@ -57,7 +61,7 @@ class Supervisor:
             return service.systemd_unit(
                 name=f"service {layout.unit_name}", unit=layout.unit_name,
                 dependencies=[*dependencies, unit_file], unit_file_op=unit_file,
-                release=plan.release.id, releases_dir=layout.releases, group=plan.group,
+                release=plan.release.id, releases_dir=layout.releases, group=plan.group, user=part.user,
             )
         return service.daemon(
             name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,
@@ -73,23 +77,30 @@ def of(layout, manager: str, user: str, stop_grace: int) -> Supervisor:
         manager = "systemd" if host.get_fact(service.InitSystem) == "systemd" else "fallback"
     if manager == "systemd":
         unit = QuoteString(layout.unit_name)
+        # what a stop leaves (a rank's /dev/shm segments; on a crash, ranks outside the unit's cgroup: none) goes after it
+        reap = [service.processes_ended(layout.releases, user, f"systemd:{layout.unit_name}")]
         return Supervisor(
             manager="systemd",
-            restart=tuple(service.systemd_restart(layout.unit_name)),
+            restart=tuple(service.systemd_restart(layout.unit_name, reap)),
             stop=(StringCommand("systemctl", "disable", "--now", unit),
-                  StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true")),
+                  StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true"), *reap),
             log_command=StringCommand("journalctl", "-u", unit, "-n", "40", "--no-pager"),
             pid_source=f"systemd:{layout.unit_name}",
+            log_source=f"journal:{layout.unit_name}",
         )
+    # start-stop-daemon stops the API server alone: an engine core or rank that outlives it goes after it
+    reap = [service.processes_ended(layout.releases, user, f"pidfile:{layout.pidfile}")]
     restart = service.daemon_restart(
-        layout.service_launcher, layout.env_file, layout.pidfile, layout.logfile, stop_grace, user, layout.service_home,
+        layout.service_launcher, layout.env_file, layout.pidfile, layout.logfile, reap, stop_grace, user,
+        layout.service_home,
     )
     return Supervisor(
         manager="fallback",
         restart=tuple(restart),
-        stop=(restart[0],),
+        stop=(restart[0], *reap),
         log_command=StringCommand("tail", "-n", "40", QuoteString(layout.logfile)),
         pid_source=f"pidfile:{layout.pidfile}",
+        log_source=f"file:{layout.logfile}",
     )
 
 

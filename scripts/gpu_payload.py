@@ -21,7 +21,7 @@ What it makes (in OUT_DIR):
 - ``build/control/``: heavylift's own dependencies (uv.lock) for the GPU machine's Python, to run pyinfra there.
 
 The vLLM wheel is pruned of parts Hopper never loads (``PRUNED``): FlashAttention 2's kernels
-(Hopper runs FA3), the Rust router binary, DeepGEMM's and the SM100 FMHA's sources. The pruned wheel
+(Hopper runs FA3), the Rust router binary and the SM100 FMHA's sources. The pruned wheel
 gets a build tag (``1heavyliftpruned``): same version, visibly not PyPI's file.
 """
 
@@ -54,10 +54,13 @@ EXCLUDED = [
     "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla", "humming-kernels",
     "opencv-python-headless", "numba", "llvmlite",
 ]
+# DeepGEMM (vllm/third_party/deep_gemm, 34 MB, mostly headers its JIT compiles with the host's nvcc) stays: the
+# DeepSeek sparse attention indexer of GLM-5 / DeepSeek-V3.2 (glm_moe_dsa, deepseek_v32) needs it on CUDA
+# (vLLM 0.26.0 vllm/model_executor/layers/sparse_attn_indexer.py: "Sparse Attention Indexer CUDA op requires
+# DeepGEMM support in the current vLLM environment")
 PRUNED = (
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
     "vllm/vllm-rs",
-    "vllm/third_party/deep_gemm/",
     "vllm/third_party/fmha_sm100/",
 )
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]

@@ -7,7 +7,7 @@
 #   scripts/gpu_proof.sh checkpoints        generate the checkpoints (testbed/gpu_checkpoints.py) with the image's torch
 #   scripts/gpu_proof.sh setup              unpack the payload, heavylift's control venv, checkpoints, Hub stand-ins
 #   scripts/gpu_proof.sh converge NAME [N]  pyinfra -y inventory/h200.py deploy.py for deployment NAME (run N):
-#                                           llama-8b, mla on one GPU; tp8, tp4-a, tp4-b on eight (with
+#                                           llama-8b, mla, kimi-nvfp4, glm5-dsa (HEAVYLIFT_PROOF_CHECKPOINTS="kimi-nvfp4 glm5-dsa") on one GPU; tp8, tp4-a, tp4-b on eight (with
 #                                           HEAVYLIFT_PROOF_CHECKPOINTS=dsv3)
 #   scripts/gpu_proof.sh plain NAME         stop heavylift's service, run the same launcher by hand, time it with a
 #                                           direct client; then heavylift brings its service back (timed the same way)
@@ -29,13 +29,14 @@ minus() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
 say() { echo "[$(date +%T)] $*"; }
 
 # checkpoints (generated here) by name: their Hub repo, the Hub stand-in's port, the generator's kind
-declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kimi-shape [dsv3]=heavylift/mla-dsv3-width)
-declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391 [dsv3]=8392)
-declare -A KIND=([llama-8b]=llama-8b [mla]=mla [dsv3]=mla-dsv3-width)
+declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kimi-shape [dsv3]=heavylift/mla-dsv3-width
+                [kimi-nvfp4]=heavylift/kimi-k2.5-nvfp4-shape [glm5-dsa]=heavylift/glm-5-dsa-shape)
+declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391 [dsv3]=8392 [kimi-nvfp4]=8393 [glm5-dsa]=8394)
+declare -A KIND=([llama-8b]=llama-8b [mla]=mla [dsv3]=mla-dsv3-width [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa)
 # deployments (HEAVYLIFT_H200_DEPLOYMENT of the inventories): their checkpoint, port and heavylift name
-declare -A CHECKPOINT=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3 [tp4-a]=dsv3 [tp4-b]=dsv3)
-declare -A PORT=([llama-8b]=8000 [mla]=8001 [tp8]=8000 [tp4-a]=8002 [tp4-b]=8003)
-declare -A NAME=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3-tp8 [tp4-a]=dsv3-tp4-a [tp4-b]=dsv3-tp4-b)
+declare -A CHECKPOINT=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3 [tp4-a]=dsv3 [tp4-b]=dsv3 [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa)
+declare -A PORT=([llama-8b]=8000 [mla]=8001 [tp8]=8000 [tp4-a]=8002 [tp4-b]=8003 [kimi-nvfp4]=8004 [glm5-dsa]=8005)
+declare -A NAME=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3-tp8 [tp4-a]=dsv3-tp4-a [tp4-b]=dsv3-tp4-b [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa)
 CHECKPOINTS=${HEAVYLIFT_PROOF_CHECKPOINTS:-llama-8b mla}
 
 carry() {

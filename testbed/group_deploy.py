@@ -57,5 +57,5 @@ readiness.serving(
     dependencies=[switched, restarted],
     rollback=readiness.Rollback(current_link=f"{folder}/current", previous_link=f"{folder}/previous",
                                 releases_dir=f"{folder}/releases",
-                                restart=tuple(service.daemon_restart(launcher, env_file, pidfile, logfile, 5))),
+                                restart=tuple(service.daemon_restart(launcher, env_file, pidfile, logfile, [], 5))),
 )

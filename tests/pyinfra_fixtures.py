@@ -61,6 +61,7 @@ from pyinfra.api.arguments import all_argument_meta
 from pyinfra.api.facts import FactBase
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.util import get_kwargs_str
+from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host, ctx_state
 
@@ -108,6 +109,7 @@ class FakeHost:
     """A host whose facts come from a case file; records host.noop calls and the facts asked for."""
 
     name = "testhost"
+    connector_cls = SSHConnector  # a host reached over SSH (an operation may treat @local otherwise)
     print_prefix = ""
     current_op_global_arguments = None
     in_op = True
@@ -291,7 +293,7 @@ def run_operation_case(target: str, data: dict, tmp_path: Path, monkeypatch) -> 
         return
     commands, host = run_operation(op, fill_tmp(data.get("kwargs", {}), str(tmp_path)), data.get("facts", {}), data.get("executing", False))
 
-    assert replace_tmp(commands, str(tmp_path)) == data["commands"]
+    assert replace_tmp(commands, str(tmp_path)) == with_host_scripts(data["commands"])
     expected_noops = [data["noop"]] if "noop" in data else data.get("noops", [])
     assert host.noops == expected_noops
     if not commands:

