@@ -212,6 +212,9 @@ OWNER_SCRIPT = r"""
 owner() {
   p=$1; n=0
   [ -r "/proc/$p/stat" ] || { echo "?"; return; }
+  # the launcher's working folder, inherited by the engine core and every rank, also once orphaned
+  w=$(readlink "/proc/$p/cwd" 2>/dev/null)
+  case "$w" in "$D"/*) w=${w#"$D"/}; echo "${w%%/*}"; return;; esac
   while [ -n "$p" ] && [ "$p" -gt 1 ] && [ $n -lt 64 ]; do
     c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)
     case "$c" in *"$D"/*) c=${c#*"$D"/}; echo "${c%%/*}"; return;; esac

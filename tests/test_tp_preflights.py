@@ -135,13 +135,16 @@ def test_dev_shm_fact_on_this_machine(local_host):
 
 
 def test_gpu_use_fact_names_the_deployment_of_a_process_and_its_children(local_host, tmp_path, monkeypatch):
-    """A process started from <root>/deployments/<name>/ and its child belong to <name>; this test's own
+    """A process started from <root>/deployments/<name>/ and its child belong to <name>, and so does a rank whose
+    parents are gone but which runs from there (an orphan heavylift's run ends before the start); this test's own
     process to none; a pid not in /proc is '?'."""
     release = tmp_path / "deployments" / "tp2" / "releases" / "r1"
     release.mkdir(parents=True)
     (release / "serve").write_text("#!/bin/sh\nsleep 60 &\nwait\n")
     (release / "serve").chmod(0o755)
     server = subprocess.Popen([str(release / "serve")], start_new_session=True)
+    # a rank whose API server is gone: no ancestor runs from the deployment, its working folder still does
+    orphan = subprocess.Popen(["sleep", "60"], cwd=release, start_new_session=True)
     try:
         child = None
         for _ in range(50):
@@ -158,7 +161,8 @@ def test_gpu_use_fact_names_the_deployment_of_a_process_and_its_children(local_h
             "#!/bin/sh\ncase \"$1\" in\n"
             f"  --query-gpu=*) echo '0, {uuid}, 1500, 143771';;\n"
             f"  --query-compute-apps=*) echo '{uuid}, {child}, 1000, VLLM::Worker_TP1'; "
-            f"echo '{uuid}, {os.getpid()}, 300, python3'; echo '{uuid}, 4194999, 200, gone';;\nesac\n"
+            f"echo '{uuid}, {os.getpid()}, 300, python3'; echo '{uuid}, 4194999, 200, gone'; "
+            f"echo '{uuid}, {orphan.pid}, 700, VLLM::Worker_TP0';;\nesac\n"
         )
         (fake / "nvidia-smi").chmod(0o755)
         monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
@@ -166,8 +170,11 @@ def test_gpu_use_fact_names_the_deployment_of_a_process_and_its_children(local_h
     finally:
         os.killpg(server.pid, 15)
         server.wait()
-    assert [(p.pid, p.deployment) for p in use.processes] == [(child, "tp2"), (os.getpid(), None), (4194999, "?")]
-    assert use.others(0, "tp2") == (500, use.processes[1:])
+        orphan.kill()
+        orphan.wait()
+    assert [(p.pid, p.deployment) for p in use.processes] == [
+        (child, "tp2"), (os.getpid(), None), (4194999, "?"), (orphan.pid, "tp2")]
+    assert use.others(0, "tp2") == (500, use.processes[1:3])
 
 
 # ---------------------------------------------------------------- nvlink_multicast
