@@ -16,6 +16,11 @@ real one is shaped), converges it once, then times whole `pyinfra -y @local` run
 
 Figures: median wall seconds of each (min-max), and the ratios sync/ours. Every run must report no change.
 The wheelhouse and the plan cache live in a temporary folder (``--keep`` names one to reuse).
+
+Measured 2026-12-06 on the 2-core development machine while other test runs loaded it (load 5-7), 734 MB
+in 81 wheels, 3 rounds: sync-same 10.64 s (10.56-17.51), ours-same 1.68 s (1.15-2.11): 6.3x; sync-copy
+14.61 s (12.52-15.82), ours-copy 1.37 s (0.99-1.70): 10.7x. A run of one files.directory on a folder that
+exists took 1.08-1.41 s right after: ours is pyinfra's own cost.
 """
 
 from __future__ import annotations

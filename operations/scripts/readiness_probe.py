@@ -381,12 +381,15 @@ def startup(text, began=None, pid=None):
             return None
         return max(0, round(found[key][which][1] - began))
 
+    # Every figure is one rank's: vLLM logs most of these lines with logger.info_once, whose default scope
+    # "local" lets only a node's first rank print (0.32-0.34 logger.py _should_log_with_scope), others (the
+    # CPU worker's KV line, Model Runner V2's "Model loading took" in 0.34) on every rank. So sizes are the
+    # largest a rank logged, times the slowest rank's: the same meaning whichever ranks printed.
     weights = None
     load, memory, checkpoint = numbers("weights_seconds"), numbers("model_gib"), numbers("checkpoint_gib")
     if load or memory:
-        # every rank loads its part at once: the slowest rank's time, the memory of all ranks together
         seconds = max(load) if load else max(numbers("model_gib", 2))
-        gib = round(sum(memory), 2) if memory else (max(checkpoint) if checkpoint else None)
+        gib = round(max(memory), 2) if memory else (max(checkpoint) if checkpoint else None)
         weights = {"gib": gib, "seconds": round(seconds, 2), "gib_source": "model memory" if memory else (
             "checkpoint" if checkpoint else None)}
         weights["gb_per_s"] = round(gib * 2 ** 30 / 1e9 / seconds, 2) if gib and seconds > 0 else None
@@ -409,14 +412,13 @@ def startup(text, began=None, pid=None):
     if kv_gib or found.get("kv_tokens"):
         last = found["kv_tokens"][-1][0] if found.get("kv_tokens") else None
         profile = numbers("profile_seconds")
-        # one line per rank (each holds its share of the cache): all ranks together
-        kv = {"gib": round(sum(kv_gib), 2) if kv_gib else None,
+        kv = {"gib": round(max(kv_gib), 2) if kv_gib else None,
               "tokens": int(last.group("tokens").replace(",", "")) if last else None,
               "device": last.group("device") if last else None,
               "profile_seconds": round(max(profile), 2) if profile else None}
     graphs = None
     if found.get("graphs_seconds"):
-        graphs = {"seconds": max(numbers("graphs_seconds")), "gib": round(sum(numbers("graphs_seconds", 2)), 2)}
+        graphs = {"seconds": max(numbers("graphs_seconds")), "gib": round(max(numbers("graphs_seconds", 2)), 2)}
     engine = numbers("engine_seconds")
     return {
         "engine_up_seconds": offset("engine_seconds"),
