@@ -13,7 +13,8 @@ downloading ~3 GB of CUDA wheels. The checkpoints are generated on the machine
 HEAVYLIFT_H200_DEPLOYMENT picks the deployment. On one H200: "llama-8b" (a Llama-3.1-8B-shaped checkpoint,
 port 8000) or "mla" (a Kimi-K2-attention-shaped MLA model declaring an FP8 KV cache, port 8001), side by
 side on the one GPU; "kimi-nvfp4" (Kimi-K2.5-NVFP4's layers and ModelOpt NVFP4 quantization, port 8004) and "glm5-dsa"
-(GLM-5's sparse MLA with the DSA indexer, port 8005), side by side. On eight H200s (mla-dsv3-width, DeepSeek-V3's full width in four layers): "tp8"
+(GLM-5's sparse MLA with the DSA indexer, port 8005), side by side; "glm5-dsa-fp8" (the same with
+--kv-cache-dtype fp8). On eight H200s (mla-dsv3-width, DeepSeek-V3's full width in four layers): "tp8"
 (tensor parallel 8 over GPUs 0-7, port 8000), "tp4-a" / "tp4-b" (GPUs 0-3 / 4-7, ports 8002 / 8003).
 The machine's operators forbid NVLink multicast (its GPUs are shared; a failing multicast user can take them
 out of service): ``nvlink_multicast = False`` writes NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
@@ -50,6 +51,10 @@ _DEPLOYMENTS = {
     # GLM-5's glm_moe_dsa (sparse MLA with the DSA indexer), bf16 safetensors, 5.71 GB; beside kimi-nvfp4 on one GPU
     "glm5-dsa": {"model": "glm-5-dsa-shape", "deployment": "glm5-dsa", "port": 8005, "gpus": [0],
                  "hf_endpoint": "http://127.0.0.1:8394", "extra_args": ["--gpu-memory-utilization", "0.35"]},
+    # the same deployment with an FP8 KV cache asked for (a flag change: heavylift restarts it); run alone
+    "glm5-dsa-fp8": {"model": "glm-5-dsa-shape", "deployment": "glm5-dsa", "port": 8005, "gpus": [0],
+                     "hf_endpoint": "http://127.0.0.1:8394",
+                     "extra_args": ["--gpu-memory-utilization", "0.35", "--kv-cache-dtype", "fp8"]},
     # eight H200s (device kind nvidia-h200-x8): DeepSeek-V3's width with tensor parallelism over all eight,
     # then two TP-4 deployments on GPUs 0-3 and 4-7; 0.45 of each GPU, so TP-8 and a TP-4 fit together
     **{

@@ -1163,7 +1163,8 @@ RULES: tuple[Rule, ...] = (
         "TRITON_MLA) and each backend's supported_kv_cache_dtypes (vllm/v1/attention/backends/mla/flashmla.py: "
         "fp8/fp8_e4m3); seen on an H200 with vLLM 0.26.0: 'Using FLASHMLA attention backend out of potential "
         "backends: [FLASHMLA, TRITON_MLA]', 'Using fp8_e4m3 data type to store kv cache' (docs/gpu-proof.md)",
-        checked_versions="0.26.0 run on a real H200 (2026-12-03, mla-kimi-shape); 0.34.0 source (docs/field-notes.md)",
+        checked_versions="0.26.0 run on a real H200 (2026-12-03, mla-kimi-shape) and a real H100 (2026-12-06, "
+        "kimi-k2.5-nvfp4-shape: NVFP4 weights beside it); 0.34.0 source (docs/field-notes.md)",
     ),
     # --- NVFP4 weights (ModelOpt) ----------------------------------------------------------
     Rule(
@@ -1182,8 +1183,10 @@ RULES: tuple[Rule, ...] = (
         "CUTLASS needs cutlass_scaled_mm_supports_fp4, FlashInfer sm_100+, then MarlinNvFp4LinearKernel, cc 7.5+), "
         "ModelOptNvFp4FusedMoE -> select_nvfp4_moe_backend (vllm/model_executor/layers/fused_moe/oracle/nvfp4.py: "
         "FLASHINFER_* and VLLM_CUTLASS take (kNvfp4Static, kNvfp4Dynamic) on cc 10.0+ only, MARLIN on 7.5+, before "
-        "EMULATION)",
-        checked_versions="0.26.0 wheel (read)",
+        "EMULATION); seen on an H100 with vLLM 0.26.0 (kimi-k2.5-nvfp4-shape): 'Using MarlinNvFp4LinearKernel for NVFP4 "
+        "GEMM', \"Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['FLASHINFER_TRTLLM', ..., 'MARLIN', "
+        "'HUMMING', 'EMULATION']\" (docs/gpu-proof.md)",
+        checked_versions="0.26.0 wheel (read) and run on a real H100 (2026-12-06, kimi-k2.5-nvfp4-shape, FP8 KV kept)",
     ),
     Rule(
         id="nvfp4-below-sm75",
@@ -1314,8 +1317,11 @@ RULES: tuple[Rule, ...] = (
         source="vllm/platforms/cuda.py _get_backend_priorities (SM90: ..., FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE); "
         "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py (supports_compute_capability major 9, KV auto/float16/"
         "bfloat16); vllm/model_executor/layers/sparse_attn_indexer.py SparseAttnIndexer ('Sparse Attention Indexer CUDA "
-        "op requires DeepGEMM support'); vllm/third_party/deep_gemm/__init__.py _find_cuda_home",
-        checked_versions="0.26.0 wheel (read)",
+        "op requires DeepGEMM support'); vllm/third_party/deep_gemm/__init__.py _find_cuda_home; seen on an H100 with "
+        "vLLM 0.26.0 (glm-5-dsa-shape): 'Using FLASH_ATTN_MLA_SPARSE attention backend out of potential backends: "
+        "[FLASH_ATTN_MLA_SPARSE, FLASHMLA_SPARSE]', the vendored DeepGEMM JIT-compiled with the image's nvcc 13.0 (first "
+        "completion 2.0 s, then 0.16 s) (docs/gpu-proof.md)",
+        checked_versions="0.26.0 wheel (read) and run on a real H100 (2026-12-06, glm-5-dsa-shape, bf16 KV)",
     ),
     Rule(
         id="sparse-mla-sm90-fp8",
@@ -1327,8 +1333,11 @@ RULES: tuple[Rule, ...] = (
         why="the site asked for an FP8 KV cache; only FLASHMLA_SPARSE keeps sparse MLA's cache in fp8 on SM90",
         source="vllm/v1/attention/backends/mla/flashmla_sparse.py (KV auto/bfloat16/fp8_ds_mla/fp8, compute "
         "capability 9 and 10); vllm/model_executor/layers/attention/mla_attention.py _canonicalize_sparse_mla_kv_cache_dtype "
-        "(FLASHMLA_SPARSE: fp8 -> fp8_ds_mla); FlashMLA's Hopper sparse kernel takes 64 query heads (vllm PR #46189)",
-        checked_versions="0.26.0 wheel (read)",
+        "(FLASHMLA_SPARSE: fp8 -> fp8_ds_mla); FlashMLA's Hopper sparse kernel takes 64 query heads (vllm PR #46189); "
+        "seen on an H100 with vLLM 0.26.0 (glm-5-dsa-shape, --kv-cache-dtype fp8): 'Using FLASHMLA_SPARSE attention "
+        "backend out of potential backends: [FLASHMLA_SPARSE]', 'Using fp8_ds_mla KV cache format for FLASHMLA_SPARSE "
+        "backend' (docs/gpu-proof.md)",
+        checked_versions="0.26.0 wheel (read) and run on a real H100 (2026-12-06, glm-5-dsa-shape, 64 heads)",
     ),
     Rule(
         id="sparse-mla-cpu",

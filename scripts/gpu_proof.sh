@@ -34,9 +34,9 @@ declare -A REPO=([llama-8b]=heavylift/llama-3.1-8b-shape [mla]=heavylift/mla-kim
 declare -A HUB_PORT=([llama-8b]=8390 [mla]=8391 [dsv3]=8392 [kimi-nvfp4]=8393 [glm5-dsa]=8394)
 declare -A KIND=([llama-8b]=llama-8b [mla]=mla [dsv3]=mla-dsv3-width [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa)
 # deployments (HEAVYLIFT_H200_DEPLOYMENT of the inventories): their checkpoint, port and heavylift name
-declare -A CHECKPOINT=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3 [tp4-a]=dsv3 [tp4-b]=dsv3 [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa)
-declare -A PORT=([llama-8b]=8000 [mla]=8001 [tp8]=8000 [tp4-a]=8002 [tp4-b]=8003 [kimi-nvfp4]=8004 [glm5-dsa]=8005)
-declare -A NAME=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3-tp8 [tp4-a]=dsv3-tp4-a [tp4-b]=dsv3-tp4-b [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa)
+declare -A CHECKPOINT=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3 [tp4-a]=dsv3 [tp4-b]=dsv3 [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa [glm5-dsa-fp8]=glm5-dsa)
+declare -A PORT=([llama-8b]=8000 [mla]=8001 [tp8]=8000 [tp4-a]=8002 [tp4-b]=8003 [kimi-nvfp4]=8004 [glm5-dsa]=8005 [glm5-dsa-fp8]=8005)
+declare -A NAME=([llama-8b]=llama-8b [mla]=mla [tp8]=dsv3-tp8 [tp4-a]=dsv3-tp4-a [tp4-b]=dsv3-tp4-b [kimi-nvfp4]=kimi-nvfp4 [glm5-dsa]=glm5-dsa [glm5-dsa-fp8]=glm5-dsa)
 CHECKPOINTS=${HEAVYLIFT_PROOF_CHECKPOINTS:-llama-8b mla}
 
 carry() {

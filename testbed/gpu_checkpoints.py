@@ -236,11 +236,21 @@ def random_tensor(name: str, shape: tuple[int, ...], kind: str, generator, devic
     return tensor.to(torch.bfloat16).cpu()
 
 
+def tensor_bytes(name: str, shape: tuple[int, ...], kind: str = "bf16") -> int:
+    """The bytes random_tensor writes for one entry (the router's bias is float32)."""
+    import math
+
+    per_value = 4 if name.endswith("e_score_correction_bias") else KIND_BYTES[kind]
+    return per_value * math.prod(shape)
+
+
+def checkpoint_bytes(shapes: list[tuple]) -> int:
+    return sum(tensor_bytes(*entry) for entry in shapes)
+
+
 def write_weights(dest: Path, shapes: list[tuple], tokenizer_ids: int) -> int:
     """Random weights in <=5 GB shards, the index beside. ``shapes``: (name, shape) for bf16, or
     (name, shape, kind) with a kind of ``KIND_BYTES``."""
-    import math
-
     import torch
     from safetensors.torch import save_file
 
@@ -250,7 +260,7 @@ def write_weights(dest: Path, shapes: list[tuple], tokenizer_ids: int) -> int:
     shards: list[list[tuple]] = [[]]
     size = 0
     for name, shape, kind in specs:
-        nbytes = KIND_BYTES[kind] * math.prod(shape)
+        nbytes = tensor_bytes(name, shape, kind)
         if shards[-1] and size + nbytes > SHARD_BYTES:
             shards.append([])
             size = 0
@@ -270,11 +280,10 @@ def write_weights(dest: Path, shapes: list[tuple], tokenizer_ids: int) -> int:
     return total
 
 
-def write_checkpoint(kind: str, dest: Path) -> dict:
-    started = time.monotonic()
-    dest = tiny_model.prepare(dest)
-    tokenizer = tiny_model.write_tokenizer(dest)
-    ids = tiny_model.special_token_ids(tokenizer)
+def checkpoint_files(kind: str, ids: dict[str, int]) -> tuple[dict, dict | None, list[tuple]]:
+    """(config.json, hf_quant_config.json or None, the tensors' shapes) of a kind; ``ids``: the tokenizer's
+    special token ids (tiny_model.special_token_ids)."""
+    hf_quant_config = None
     if kind == "llama-8b":
         config = {**tiny_model.llama_config(ids), **LLAMA_8B, "max_position_embeddings": 131072, "rope_theta": 500000.0}
         shapes = llama_shapes(LLAMA_8B)
@@ -286,15 +295,25 @@ def write_checkpoint(kind: str, dest: Path) -> dict:
     elif kind == "kimi-nvfp4":
         quantization_config, hf_quant_config = kimi_nvfp4_quant_files()
         config = {**tiny_model.mla_config(ids, kv_cache_quant=True), **KIMI_NVFP4, "quantization_config": quantization_config}
-        tiny_model.write_json(dest / "hf_quant_config.json", hf_quant_config)
         shapes = kimi_nvfp4_shapes(KIMI_NVFP4)
     else:
         dims = MLA if kind == "mla" else DSV3_WIDTH
         config = {**tiny_model.mla_config(ids, kv_cache_quant=True), **dims}
         if kind == "mla-dsv3-width":
             config["max_position_embeddings"] = 4096
-        tiny_model.write_json(dest / "hf_quant_config.json", tiny_model.mla_hf_quant_config(kv_cache_quant=True))
+        hf_quant_config = tiny_model.mla_hf_quant_config(kv_cache_quant=True)
         shapes = mla_shapes(dims)
+    return config, hf_quant_config, shapes
+
+
+def write_checkpoint(kind: str, dest: Path) -> dict:
+    started = time.monotonic()
+    dest = tiny_model.prepare(dest)
+    tokenizer = tiny_model.write_tokenizer(dest)
+    ids = tiny_model.special_token_ids(tokenizer)
+    config, hf_quant_config, shapes = checkpoint_files(kind, ids)
+    if hf_quant_config is not None:
+        tiny_model.write_json(dest / "hf_quant_config.json", hf_quant_config)
     tiny_model.write_json(dest / "config.json", config)
     tiny_model.write_generation_config(dest, ids)
     total = write_weights(dest, shapes, tokenizer.get_vocab_size())

@@ -585,6 +585,48 @@ def test_the_rules_decide_for_the_lent_h200_what_the_real_gpu_did():
     assert not resolve(H200_REAL, LLAMA8B, "0.26.0", cuda(1)).fired_ids()
 
 
+def test_the_rules_said_before_the_start_what_vllm_did_on_the_lent_h100():
+    # the H100 run (docs/gpu-proof.md, vLLM 0.26.0, 2026-12-06): resolution.json as the host wrote it before each
+    # start, what the table decides now for the same inputs, and the lines vLLM printed once it ran
+    h100 = FIXTURES / "h100"
+    host = gpus("h100-x1-captured")
+
+    def replay(name: str, entry: str, weight_bytes: int, requested: Requested, hf_quant: bool) -> tuple[dict, list, str]:
+        seen = json.loads((h100 / f"resolution-{name}.json").read_text())
+        assert seen["gpus"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3" and seen["ok"]
+        features = model_features(
+            load_entry(entry),
+            json.loads((h100 / f"{entry}.config.json").read_text()),
+            json.loads((h100 / f"{entry}.hf_quant_config.json").read_text()) if hf_quant else None,
+            weight_bytes=weight_bytes,
+        )
+        decided = resolve(host, features, "0.26.0", requested)
+        assert list(decided.fired_ids()) == [rule["id"] for rule in seen["fired"]] and decided.ok
+        return seen, list(decided.notes), (h100 / f"vllm-{name}.txt").read_text()
+
+    # Kimi-K2.5-NVFP4's layers: NVFP4 through Marlin (weight-only), the FP8 KV cache kept, FLASHMLA
+    seen, notes, vllm = replay("kimi-k2.5-nvfp4-shape", "kimi-k2.5-nvfp4-shape", 5_880_171_872,
+                               cuda(1, gpu_memory_utilization=0.5), hf_quant=True)
+    assert [rule["id"] for rule in seen["fired"]] == ["kv-fp8-mla-sm90-flashmla", "nvfp4-marlin-below-sm100"]
+    assert not seen["config_patch"]["config_json"]["remove"] and not seen["config_patch"]["hf_quant_config_json"]["remove"]
+    assert "'MARLIN' NvFp4 MoE backend" in notes[1] and "MarlinNvFp4LinearKernel" in notes[1] and "FLASHMLA" in notes[0]
+    assert "Using 'MARLIN' NvFp4 MoE backend" in vllm and "Using MarlinNvFp4LinearKernel for NVFP4 GEMM" in vllm
+    assert "Using FLASHMLA attention backend" in vllm and "Using fp8_e4m3 data type to store kv cache" in vllm
+    # GLM-5's sparse MLA: FLASH_ATTN_MLA_SPARSE with a 16-bit KV cache, DeepGEMM for the indexer ...
+    seen, notes, vllm = replay("glm-5-dsa-shape", "glm-5-dsa-shape", 5_711_792_320, cuda(1, gpu_memory_utilization=0.35),
+                               hf_quant=False)
+    assert [rule["id"] for rule in seen["fired"]] == ["sparse-mla-sm90-backend"]
+    assert "FLASH_ATTN_MLA_SPARSE" in notes[0] and "DeepGEMM" in notes[0]
+    assert "Using FLASH_ATTN_MLA_SPARSE attention backend" in vllm and "vllm.third_party.deep_gemm" in vllm
+    assert "data type to store kv cache" not in vllm  # auto: the model's bf16
+    # ... and FLASHMLA_SPARSE with the packed fp8_ds_mla cache when the site asks for fp8
+    seen, notes, vllm = replay("glm-5-dsa-shape.kv-fp8", "glm-5-dsa-shape", 5_711_792_320,
+                               cuda(1, gpu_memory_utilization=0.35, kv_cache_dtype="fp8"), hf_quant=False)
+    assert [rule["id"] for rule in seen["fired"]] == ["sparse-mla-sm90-fp8"]
+    assert "FLASHMLA_SPARSE" in notes[0] and "fp8_ds_mla" in notes[0]
+    assert "Using FLASHMLA_SPARSE attention backend" in vllm and "Using fp8_ds_mla KV cache format" in vllm
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

@@ -3,7 +3,6 @@ kinds vLLM 0.26.0's loaders expect, and the quantization files as the real repos
 
 from __future__ import annotations
 
-import math
 from fnmatch import fnmatch
 
 from resolve.features import model_features
@@ -42,8 +41,8 @@ def test_kimi_nvfp4_quantizes_every_mlp_projection_as_modelopt_does():
         if kind == "fp4":
             assert not _excluded(module), name
     assert not any(".mlp.experts." in n for n, (_, k) in shapes.items() if k == "bf16")
-    total = sum(g.KIND_BYTES[kind] * math.prod(shape) for shape, kind in shapes.values())
-    assert total == 5_880_171_488
+    # what the generator wrote on the GPU machine (model.safetensors.index.json total_size, 2026-12-06)
+    assert g.checkpoint_bytes(g.kimi_nvfp4_shapes(c)) == 5_880_171_872
 
 
 def test_kimi_nvfp4_declares_what_the_real_repo_declares():
@@ -70,5 +69,6 @@ def test_glm5_dsa_has_the_indexer_vllm_loads():
     assert shapes[p + "q_b_proj.weight"][0] == (c["num_attention_heads"] * qk, c["q_lora_rank"])
     config = {**tiny_model.mla_config({}, False), **c, "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}
     config.pop("quantization_config")
+    assert g.checkpoint_bytes(g.glm5_dsa_shapes(c)) == 5_711_792_320  # as written on the GPU machine
     features = model_features(load_entry("glm-5-dsa-shape"), config, None)
     assert features.attention == "sparse_mla" and features.index_topk == 2048 and features.weight_quant is None
