@@ -764,6 +764,9 @@ def plan_runs(hub_mirror, tmp_path_factory) -> dict[str, Run]:
         listener.close()
 
 
+# 30 pyinfra runs that plan against the Hub mirror (~25 s on 2 cores, twice that under load): the full
+# suite's; the rules and messages themselves are in the fast tier (tests/test_compat.py, test_planning.py)
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[case.id for case in PLAN_CASES])
 def test_planning_stops_with_a_clear_message(plan_runs, case):
     run = plan_runs[case.id]
@@ -784,6 +787,7 @@ def test_planning_stops_with_a_clear_message(plan_runs, case):
         assert not run.root.exists(), out
 
 
+@pytest.mark.e2e  # a pyinfra run that plans against the Hub mirror
 def test_neighbours_that_fit_pass(hub_mirror, tmp_path_factory):
     """The controls: a GPU shared with fractions adding up to at most 1 (inventory/h200.py's two
     deployments on one H200), and this deployment's own vLLM listening on its own port."""
@@ -819,6 +823,7 @@ def test_neighbours_that_fit_pass(hub_mirror, tmp_path_factory):
 # ---------------------------------------------------------------- several hosts over real SSH
 
 
+@pytest.mark.e2e  # SSH test hosts
 def test_one_bad_host_stops_every_host_before_any_change(testbed_factory, tmp_path):
     """pyinfra runs deploy.py for every host (prepare) before executing anything on any host."""
     bed = testbed_factory(["good", "bad"])

@@ -94,7 +94,7 @@ def test_the_failed_wave_is_rolled_back_and_the_run_fails(fleet):
     assert "--> Rolling out in 3 waves (tiny-llama: 1 at a time): 1: host1; 2: host2; 3: host3" in output, output[-5000:]
     host2 = bed["host2"]
     old = before["host2"]["release"]
-    assert f"[host2] release" in output and f"was rolled back: release {old} serves heavylift/tiny-llama" in output, \
+    assert "[host2] release" in output and f"was rolled back: release {old} serves heavylift/tiny-llama" in output, \
         output[-5000:]
     assert "no-such-vllm-flag" in output
     assert current_release(host2) == running_release(host2) == old

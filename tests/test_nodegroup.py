@@ -22,6 +22,10 @@ import pytest
 from conftest import run_pyinfra
 from testbed.ssh_hosts import find_free_port
 
+# five real pyinfra runs over two hosts with processes to start and stop (~15 s): the full suite's,
+# not the fast tier's (./test.sh --fast)
+pytestmark = pytest.mark.e2e
+
 NAMES = ("@chroot//", "@chroot//.")
 DEPLOY = "testbed/group_deploy.py"
 

@@ -162,6 +162,7 @@ def curls_for(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.e2e  # a copy killed mid-way and run again (~7 s): the full suite's
 def test_a_killed_copy_resumes_with_only_the_missing_bytes(source, tmp_path):
     from testbed.fault_proxy import FaultProxy
 

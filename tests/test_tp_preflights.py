@@ -1,7 +1,6 @@
 """The tensor parallel preflights: /dev/shm, GPU memory other processes hold, the GPU topology, and the
 site's NVLink multicast setting (docs/tp-preflights.md). The rules' both sides are in tests/test_compat.py."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ from models.schema import NVLINK_MULTICAST_OFF, SiteSettings
 from operations.gpu import NvidiaGpuUse, NvidiaTopology
 from operations.shm import DevShm
 from pyinfra_fixtures import local_pyinfra_host
-from resolve.compat import HostResources, Requested, resolve
+from resolve.compat import Requested, resolve
 from resolve.shm import MIB, ShmSpace, parse_shm, vllm_need
 from test_compat import H200, H200_REAL, LLAMA8B, TOPO_NVLINK, TOPO_PCIE, gpu_use, on
 

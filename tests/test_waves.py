@@ -69,6 +69,7 @@ def switched_at(folder):
     return [float(value) for value in found.read_text().split()] if found.exists() else []
 
 
+@pytest.mark.e2e  # real pyinfra runs (3-5 s each): the full suite's
 def test_each_wave_switches_after_the_wave_before_it_passed(bed):
     folders, inventory = bed
     run = run_pyinfra(inventory, "--data", "wave_size=1", deploy="testbed/waves_deploy.py")
@@ -81,6 +82,7 @@ def test_each_wave_switches_after_the_wave_before_it_passed(bed):
     assert "--> Rollout: all 3 waves rolled out" in run.output, run.output[-3000:]
 
 
+@pytest.mark.e2e  # real pyinfra runs (3-5 s each): the full suite's
 def test_a_wave_of_two_switches_together(bed):
     folders, inventory = bed
     run = run_pyinfra(inventory, "--data", "max_unavailable=2", deploy="testbed/waves_deploy.py")
@@ -89,6 +91,7 @@ def test_a_wave_of_two_switches_together(bed):
     assert abs(times[1] - times[0]) < 0.5 and times[2] - times[1] >= 1.0, times
 
 
+@pytest.mark.e2e  # real pyinfra runs (3-5 s each): the full suite's
 def test_a_failed_wave_holds_the_waves_after_it(bed):
     folders, inventory = bed
     run = run_pyinfra(inventory, "--data", "wave_size=1", "--data", "waves_fail=@chroot//.", deploy="testbed/waves_deploy.py")

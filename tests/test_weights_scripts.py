@@ -99,6 +99,7 @@ def test_watchdog_progress_lines_while_bytes_arrive(tmp_path, monkeypatch):
     assert fetch_weights.local_bytes(str(tmp_path)) >= 2000
 
 
+@pytest.mark.e2e  # real stalls and kills, seconds each: the full suite's
 def test_watchdog_restarts_a_stalled_download(tmp_path):
     used, lines, seconds = watched(tmp_path, "stall,ok", stall=0.6)
     assert used == 2, lines
@@ -106,6 +107,7 @@ def test_watchdog_restarts_a_stalled_download(tmp_path):
     assert seconds < 10
 
 
+@pytest.mark.e2e  # real stalls and kills, seconds each: the full suite's
 def test_watchdog_gives_up_after_the_tries_with_a_clear_message(tmp_path):
     used, lines, seconds = watched(tmp_path, "stall,exit3", stall=0.6, tries=2)
     assert isinstance(used, fetch_weights.DownloadFailed)
@@ -115,6 +117,7 @@ def test_watchdog_gives_up_after_the_tries_with_a_clear_message(tmp_path):
     assert seconds < 10  # never hangs
 
 
+@pytest.mark.e2e  # real stalls and kills, seconds each: the full suite's
 def test_download_child_dies_with_a_killed_run(tmp_path):
     """SIGKILL of fetch_weights.py (a killed run, a dropped SSH session) takes its download child with it."""
     import signal
