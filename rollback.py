@@ -24,6 +24,7 @@ from pyinfra import host, logger, state
 from models.errors import HeavyliftConfigError
 from models.validate import COMMAND_KEYS, DataSources, load_deployment, origin_of
 from operations import fleet, hostlock, readiness, release, supervisor
+from resolve.address import local_url, public_url
 from resolve.context import RunContext
 from resolve.layout import Layout
 
@@ -58,13 +59,11 @@ supervisor.restarted(
 # the gate reads the served name and address from the release itself: a kept release may predate a site edit
 bind = target["host"] or settings.bind_address
 port = target["port"] or settings.port
-probe_host = "127.0.0.1" if bind in ("0.0.0.0", "::", "127.0.0.1") else bind
-public_host = host.name if bind in ("0.0.0.0", "::") else bind
 served = target["served_model_name"] or deployment.entry.serve.served_model_name or deployment.entry.hub.repo
-endpoint = f"http://{public_host}:{port}/v1"
+endpoint = f"{public_url(bind, port, host.name)}/v1"
 readiness.serving(
     name="vLLM ready",
-    url=f"http://{probe_host}:{port}",
+    url=local_url(bind, port),
     model=served,
     endpoint=endpoint,
     budget_seconds=settings.readiness_timeout,

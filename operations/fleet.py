@@ -15,6 +15,8 @@ import posixpath
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from resolve.address import url_host
+
 from . import hostpython
 
 from .readiness import startup_text
@@ -57,7 +59,7 @@ def deployment_lines(name: str, state: dict, endpoint_host: str | None = None) -
     if address in ("0.0.0.0", "::") and endpoint_host:
         address = endpoint_host
     endpoint = status.get("endpoint") if status.get("release") == state["current"] and status.get("endpoint") else (
-        f"http://{address}:{port}/v1" if port else "?")
+        f"http://{url_host(address or '?')}:{port}/v1" if port else "?")
     lines = [
         f"{name}: release {short(state['current'])} (previous {short(state['previous'])}, {kept} kept) "
         f"vLLM {current.get('vllm') or '?'} model {current.get('model') or '?'} endpoint {endpoint}"

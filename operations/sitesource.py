@@ -29,6 +29,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
+from resolve.address import local_url
 from resolve.sitesource import SourcePlan
 
 from . import permissions, secrets, service
@@ -169,8 +170,7 @@ def answering(source: SourcePlan, started=None, seconds: int = 30):
     if not source.fills_from_hub:
         host.noop(f"the site source {source.host} fetched and serves before this host copies")
         return
-    probe = "127.0.0.1" if source.bind_address in ("0.0.0.0", "::") else source.bind_address
-    url = f"http://{probe if ':' not in probe else f'[{probe}]'}:{source.port}"
+    url = local_url(source.bind_address, source.port)
     if not service.changed_in_this_run([started]):
         host.noop(f"the site source at {url} was running already and nothing it depends on changed")
         return

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from models.schema import NVLINK_MULTICAST_OFF
 
 from . import compat, lockfile, nodes, overlay, venvs, vllm_build
+from .address import local_url, public_url, url_host
 from .context import RunContext
 from .features import config_repo, model_features
 from .gpus import GpuInventory, selected
@@ -561,13 +562,12 @@ def make_plan(
     content_dir = layout.content(snapshot.repo, snapshot.commit)
     release = release_id(vllm_venv.path, launcher_text, {"content": content_dir, "rendered": rendered, "links": list(link_names)})
 
-    probe_host = "127.0.0.1" if settings.bind_address in ("0.0.0.0", "::", "127.0.0.1") else settings.bind_address
+    gate_url = local_url(settings.bind_address, settings.port)
     if role is not None and not role.is_leader:
         # a headless node has no API: its gate is the group's, the leader's API (its bind_address must be
         # reachable from the workers, e.g. 0.0.0.0), so a failed group rolls back on every node
-        probe_host = role.leader_address
-    public_host = host_name if settings.bind_address in ("0.0.0.0", "::") else settings.bind_address
-    endpoint = f"http://{public_host}:{settings.port}/v1"
+        gate_url = f"http://{url_host(role.leader_address)}:{settings.port}"
+    endpoint = f"{public_url(settings.bind_address, settings.port, host_name)}/v1"
     return Plan(
         deployment=deployment.name,
         layout=layout,
@@ -597,7 +597,7 @@ def make_plan(
             restart_max_delay=settings.restart_max_delay, limit_nofile=settings.limit_nofile,
         ),
         gate=GatePart(
-            url=f"http://{probe_host}:{settings.port}", model=served_name, endpoint=endpoint,
+            url=gate_url, model=served_name, endpoint=endpoint,
             budget_seconds=settings.readiness_timeout, benchmark_tokens=settings.benchmark_tokens,
             meta={
                 "deployment": deployment.name,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .address import url_host
+
 
 @dataclass(frozen=True)
 class SourcePlan:
@@ -34,9 +36,8 @@ def plan_for(settings, host_name: str, ssh_hostname_of) -> SourcePlan | None:
         return None
     # the address pyinfra itself reaches the source by: its ssh_hostname, else its inventory name
     address = wanted.address or ssh_hostname_of(wanted.host) or wanted.host
-    shown = f"[{address}]" if ":" in address else address
     return SourcePlan(
         host=wanted.host, role="source" if host_name == wanted.host else "peer",
-        url=f"http://{shown}:{wanted.port}", port=wanted.port, bind_address=wanted.bind_address,
+        url=f"http://{url_host(address)}:{wanted.port}", port=wanted.port, bind_address=wanted.bind_address,
         wait_seconds=wanted.wait_seconds,
     )

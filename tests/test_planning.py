@@ -346,3 +346,16 @@ def test_nvlink_multicast_off_renders_three_lines_and_a_small_shm_refuses(tmp_pa
     docker = HostResources(shm=ShmSpace(size=64 << 20, free=64 << 20), deployment=on.name)
     with pytest.raises(RefusedError, match=r"rule dev-shm-too-small: field 'tensor_parallel_size': 2 ranks on this host"):
         make_plan(on, "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub(), host_resources=docker)
+
+
+def test_an_ipv6_bind_address_is_bracketed_in_the_gate_and_the_endpoint(tmp_path, index):
+    """RFC 3986 section 3.2.2: http://[::1]:8000, never http://::1:8000 (which no client parses as meant)."""
+    vllm = {"version": "0.34.0", "index_url": f"{index.url}/pypi/"}
+    local = make_plan(deployment_of(tmp_path, vllm=vllm, tensor_parallel_size=1, bind_address="::1", port=8123),
+                      "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub())
+    assert local.gate.url == "http://[::1]:8123"
+    assert local.gate.endpoint == "http://[::1]:8123/v1"
+    assert "--host ::1 " in local.release.launcher_text  # vLLM itself takes the bare address
+    lan = make_plan(deployment_of(tmp_path, vllm=vllm, tensor_parallel_size=1, bind_address="fd00::5"),
+                    "gpu1", h200x8(), context=context(tmp_path), hub=StandInHub())
+    assert (lan.gate.url, lan.gate.endpoint) == ("http://[fd00::5]:8000", "http://[fd00::5]:8000/v1")

@@ -194,6 +194,8 @@ def health(host, port):
     if not port:
         return None
     address = "127.0.0.1" if host in (None, "0.0.0.0", "::", "127.0.0.1") else host
+    if ":" in address:  # an IPv6 literal in brackets (RFC 3986 section 3.2.2), as resolve/address.py url_host
+        address = f"[{address}]"
     try:
         import urllib.request  # here: the import is most of a --light run's time (deploy.py's reads)
 
