@@ -610,7 +610,8 @@ class SiteSettings(Strict):
     )
     restart_delay: int = Field(default=10, ge=1, le=3600, description="seconds before systemd restarts a crashed vLLM (RestartSec)")
     restart_max_delay: int = Field(
-        default=300, ge=1, le=86400, description="longest back-off between restarts (RestartMaxDelaySec, systemd 254+)"
+        default=300, ge=1, le=86400, validate_default=True,  # the default too: a restart_delay above it is refused
+        description="longest back-off between restarts (RestartMaxDelaySec, systemd 254+); at least restart_delay",
     )
     shutdown_timeout: int = Field(
         default=30, ge=0, le=3600, description="seconds vLLM drains in-flight requests after SIGTERM (--shutdown-timeout)"
@@ -655,6 +656,16 @@ class SiteSettings(Strict):
             return f"{int(share.group(1))}%"
         if value < 1:
             raise ValueError(f"{value!r}: at least one host must be allowed out of service, or the rollout never moves")
+        return value
+
+    @field_validator("restart_max_delay")
+    @classmethod
+    def _back_off_grows(cls, value: int, info: ValidationInfo) -> int:
+        # systemd steps the delay up from RestartSec to RestartMaxDelaySec (systemd.service(5), 254+): a
+        # longest delay below the first one is no back-off (restart_delay is validated first, being above)
+        delay = info.data.get("restart_delay")
+        if delay is not None and value < delay:
+            raise ValueError(f"{value} is shorter than restart_delay ({delay}), the first delay it grows from")
         return value
 
     @field_validator("hf_token", "api_key")

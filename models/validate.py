@@ -117,7 +117,7 @@ SITE_HINTS: dict[str, str] = {
     "gpus": "give gpus as a list of distinct GPU indexes, one per tensor-parallel rank, e.g. [0, 1, 2, 3]",
     "start_timeout": "set start_timeout to the seconds systemd allows from start to /health answering (at least 10)",
     "restart_delay": "set restart_delay to seconds between 1 and 3600",
-    "restart_max_delay": "set restart_max_delay to seconds between 1 and 86400",
+    "restart_max_delay": "set restart_max_delay to seconds between 1 and 86400, at least restart_delay (default 300)",
     "shutdown_timeout": "set shutdown_timeout to the seconds vLLM may drain requests on stop (0-3600)",
     "limit_nofile": "set limit_nofile to the open files limit (at least 1024)",
     "benchmark_tokens": "set benchmark_tokens to the tokens the readiness benchmark decodes (0 skips it)",

@@ -942,6 +942,11 @@ HOST_CASES = [
      "site.py, host 'gpu1': field 'max_unavailable': 'half' is neither a number of hosts nor a share such as '25%' "
      "(1-100%). Fix: set max_unavailable to a number of hosts (e.g. 2) or a share"),
     (set_("max_unavailable", 0), "field 'max_unavailable': 0: at least one host must be allowed out of service"),
+    (lambda data: data.update(restart_delay=60, restart_max_delay=30),
+     "site.py, host 'gpu1': field 'restart_max_delay': 30 is shorter than restart_delay (60), the first delay it grows "
+     "from. Fix: set restart_max_delay to seconds between 1 and 86400, at least restart_delay (default 300)."),
+    (set_("restart_delay", 600),  # the default restart_max_delay (300) is then too short too
+     "field 'restart_max_delay': 300 is shorter than restart_delay (600)"),
     (lambda data: data.update(wave_size=2, max_unavailable="25%"),
      "site.py, host 'gpu1': field 'max_unavailable': wave_size and max_unavailable both say how many hosts restart at a "
      "time: keep one (got '25%'). Fix: set max_unavailable to a number of hosts (e.g. 2) or a share of the deployment's "
