@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import stat
 import subprocess
 import threading
@@ -105,8 +106,11 @@ def api(base_url: str, path: str, body=None, key: str | None = API_KEY, timeout:
         return json.load(answer)
 
 
-def complete(base_url: str, key: str | None = API_KEY):
-    return api(base_url, "/v1/completions", {"model": "heavylift/tiny-llama", "prompt": "Hello", "max_tokens": 4}, key=key)
+def complete(base_url: str, key: str | None = API_KEY, model: str | None = None):
+    """A 4-token completion from the model the server serves (its /v1/models, behind the same key, unless named)."""
+    if model is None:
+        model = api(base_url, "/v1/models", key=key)["data"][0]["id"]
+    return api(base_url, "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 4}, key=key)
 
 
 @dataclass
@@ -203,3 +207,31 @@ def kill_engine(pid: int, poke=None, timeout: float = 60) -> None:
             time.sleep(1)
             return
         time.sleep(0.5)
+
+
+def ranks(host, user: str = "heavylift") -> dict[int, int]:
+    """{rank: pid} of the service user's vLLM worker processes on ``host`` (vLLM titles them VLLM::Worker_TP<n>)."""
+    listed = host.run(["ps", "-u", user, "-o", "pid=,args="]).stdout
+    return {int(found.group(2)): int(found.group(1))
+            for found in re.finditer(r"^\s*(\d+) VLLM::Worker_TP(\d+)", listed, re.M)}
+
+
+def engine_cores(host, user: str = "heavylift") -> list[int]:
+    listed = host.run(["ps", "-u", user, "-o", "pid=,args="]).stdout
+    return [int(found.group(1)) for found in re.finditer(r"^\s*(\d+) VLLM::EngineCore", listed, re.M)]
+
+
+def rank_segments(host, user: str = "heavylift") -> list[str]:
+    """The /dev/shm files ``user`` owns on ``host`` (vLLM's rank buffers and the CPU build's all-reduce segments)."""
+    return sorted(host.run(f"find /dev/shm -maxdepth 1 -user {user} -printf '%f\\n'").stdout.split())
+
+
+def wait_until(condition, timeout: float, what: str, step: float = 0.5):
+    """condition() until it returns something true; fails the test naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(step)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")

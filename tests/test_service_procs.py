@@ -105,6 +105,16 @@ def test_end_ends_the_leftover_and_unheld_segments_only(deployment):
     other_family = shm / "someone-elses-segment"
     other_family.write_bytes(b"x")
     holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(held)!r}, 'rb'); import time; time.sleep(300)"])
+    # a live semaphore as glibc's sem_open makes it: a temporary file mapped, linked to its name, the temporary
+    # name removed; /proc/<pid>/maps names only the temporary one
+    semaphore = shm / "sem.mp-live0001"
+    mapper = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, os, time\n"
+        f"tmp = {str(shm / 'sem.Ab12cd')!r}\n"
+        "fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600); os.write(fd, bytes(32))\n"
+        "m = mmap.mmap(fd, 32); os.close(fd)\n"
+        f"os.link(tmp, {str(semaphore)!r}); os.unlink(tmp)\n"
+        "time.sleep(300)\n")])
     try:
         time.sleep(0.5)
         listed = json.loads(run("list", deployment["releases"], deployment["pid_source"], shm).stdout)
@@ -118,7 +128,7 @@ def test_end_ends_the_leftover_and_unheld_segments_only(deployment):
         service = deployment["service"].pid
         assert alive(service) and all(alive(child) for child in children_of(service)) and len(children_of(service)) == 2
         assert alive(deployment["stranger"].pid)
-        assert not stale.exists() and held.exists() and other_family.exists()
+        assert not stale.exists() and held.exists() and other_family.exists() and semaphore.exists()
         # after a stop (no main process), every process of the deployment is a leftover
         deployment["service"].terminate()
         deployment["service"].wait()
@@ -127,5 +137,6 @@ def test_end_ends_the_leftover_and_unheld_segments_only(deployment):
         assert run("end", deployment["releases"], deployment["pid_source"], shm).returncode == 0
         assert json.loads(run("list", deployment["releases"], deployment["pid_source"], shm).stdout)["leftovers"] == []
     finally:
-        holder.kill()
-        holder.wait()
+        for process in (holder, mapper):
+            process.kill()
+            process.wait()

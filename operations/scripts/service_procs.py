@@ -146,24 +146,33 @@ def signal_all(pids_, signum):
 
 
 def segments_in_use():
-    """The /dev/shm files any process has open or mapped."""
+    """The inodes of the /dev/shm files any process has mapped or open. By inode, not by name: glibc's
+    sem_open maps a temporary ``sem.XXXXXX`` and then links it to the semaphore's name, so a live
+    semaphore shows in /proc/<pid>/maps as ``/dev/shm/sem.XXXXXX (deleted)``, an inode of another name."""
+    try:
+        shm_device = os.stat(SHM).st_dev
+    except OSError:
+        return set()
     used = set()
     for pid in pids():
         for line in (read(f"/proc/{pid}/maps") or "").splitlines():
-            at = line.find(SHM + "/")
-            if at >= 0:
-                used.add(line[at:].split(" (deleted)")[0].strip())
+            fields = line.split(None, 5)
+            if len(fields) < 5 or fields[4] == "0" or ":" not in fields[3]:
+                continue
+            major, _, minor = fields[3].partition(":")
+            if os.makedev(int(major, 16), int(minor, 16)) == shm_device:
+                used.add(int(fields[4]))
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
         for fd in fds:
             try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
-            if target.startswith(SHM + "/"):
-                used.add(target)
+            if info.st_dev == shm_device:
+                used.add(info.st_ino)
     return used
 
 
@@ -181,11 +190,11 @@ def stale_segments(uid):
         except OSError:
             continue
         if info.st_uid == uid and name.startswith(SEGMENT_PREFIXES) and os.path.isfile(path):
-            candidates.append((path, info.st_size))
+            candidates.append((path, info.st_size, info.st_ino))
     if not candidates:
         return []
     used = segments_in_use()
-    return [(path, size) for path, size in candidates if path not in used]
+    return [(path, size) for path, size, inode in candidates if inode not in used]
 
 
 def end(releases_dir, uid, pid_source):
