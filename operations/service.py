@@ -66,17 +66,27 @@ class InitSystem(FactBase):
 
 
 class SystemdUnitState(FactBase):
-    """(active, enabled) of one unit, as systemctl reports them."""
+    """(active, enabled, need_reload) of one unit, as systemctl reports them.
+
+    ``need_reload``: the unit's file or a drop-in changed on disk since systemd last read them
+    (``NeedDaemonReload=yes``, systemctl show, systemd.unit(5)): edited by hand, or written by a run
+    that died before its daemon-reload. systemd keeps starting the unit from what it read before.
+    """
 
     def command(self, unit):
         return StringCommand(
             "echo", "$(systemctl is-active", QuoteString(unit), "2>/dev/null)",
-            "$(systemctl is-enabled", QuoteString(unit), "2>/dev/null)",
+            "$(systemctl is-enabled", QuoteString(unit), "2>/dev/null);",
+            "systemctl", "show", "-p", "NeedDaemonReload", QuoteString(unit), "2>/dev/null", "||", "true",
         )
 
     def process(self, output):
         words = (output[0].split() + ["", ""])[:2] if output else ["", ""]
-        return {"active": words[0] in ("active", "activating", "reloading"), "enabled": words[1] == "enabled"}
+        return {
+            "active": words[0] in ("active", "activating", "reloading"),
+            "enabled": words[1] == "enabled",
+            "need_reload": any(line.strip() == "NeedDaemonReload=yes" for line in output[1:]),
+        }
 
 
 class DaemonRunning(FactBase):
@@ -266,9 +276,15 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     + user: the service user: what the old process left is ended after its stop (``processes_ended``)
     """
     reap = [processes_ended(releases_dir, user, f"systemd:{unit}")] if user and releases_dir else []
+    status = host.get_fact(SystemdUnitState, unit=unit)
     if unit_file_op is not None and changed_in_this_run([unit_file_op]):
         yield "systemctl daemon-reload"
-    status = host.get_fact(SystemdUnitState, unit=unit)
+    elif status.get("need_reload"):
+        # changed on disk behind heavylift's back (a drop-in, a hand edit): without the reload a start or
+        # restart below runs the unit as systemd read it before, and systemctl warns on every command
+        logger.warning(f"{host.print_prefix}{unit} changed on disk since systemd read it (NeedDaemonReload=yes): "
+                       "systemctl daemon-reload")
+        yield "systemctl daemon-reload"
     if not status["enabled"]:
         yield StringCommand("systemctl", "enable", QuoteString(unit))
     if not status["active"]:

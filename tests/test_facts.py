@@ -161,7 +161,7 @@ def test_init_system_live(local_host):
 def test_systemd_unit_state_live_unknown_unit(local_host):
     # no systemctl, no systemd, or no such unit: one blank or "inactive" line, never an error
     assert local_host.get_fact(SystemdUnitState, unit="heavylift-no-such-unit-4f1c.service") == {
-        "active": False, "enabled": False,
+        "active": False, "enabled": False, "need_reload": False,
     }
 
 
