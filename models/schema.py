@@ -597,7 +597,11 @@ class SiteSettings(Strict):
         description="a download that gets no byte for this long is killed and started again (finished files are kept)",
     )
     download_tries: int = Field(default=5, ge=1, le=100, description="download attempts (stalls and failures) before the run fails")
-    refresh_lock: bool = Field(default=False, description="re-resolve moving references (Hub branches) into the lock file")
+    refresh_lock: bool = Field(
+        default=False,
+        description="re-resolve moving references (Hub branches, vllm nightly 'latest') into the lock file beside the "
+        "inventory (a run option: --data refresh_lock=true)",
+    )
     until: Literal["prepare", "serve"] = Field(
         default="serve",
         description="how far a run goes (a run option: --data until=prepare): prepare converges the runtime, weights "
@@ -624,7 +628,9 @@ class SiteSettings(Strict):
     )
     service_user: str = Field(default="heavylift", description="the system account vLLM runs as (created when missing; not root)")
     gpus: list[int] | None = Field(
-        default=None, description="GPU indexes this deployment uses (CUDA_VISIBLE_DEVICES); as many as tensor_parallel_size"
+        default=None,
+        description="GPU indexes this deployment uses (CUDA_VISIBLE_DEVICES); as many as tensor_parallel_size; every GPU "
+        "when unset",
     )
     start_timeout: int | None = Field(
         default=None, ge=10, description="systemd TimeoutStartSec: seconds from start to /health answering; readiness_timeout when unset"
