@@ -94,7 +94,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
     text = unit.read_text()
     for line in ("User=heavylift", "Group=heavylift", f"EnvironmentFile={tmp_path}/serve.env", "TimeoutStartSec=3600",
-                 "TimeoutStopSec=60", "KillMode=mixed", "Restart=on-failure", "RestartSec=10", "LimitNOFILE=1048576",
+                 "TimeoutStopSec=60", "KillMode=mixed", "Restart=always", "RestartSec=10", "LimitNOFILE=1048576",
                  "ExecStartPost=/usr/bin/python3 /opt/heavylift/lib/readiness_probe.py wait-health http://127.0.0.1:8000",
                  "ExecStart=" + str(tmp_path / "serve")):
         assert line in text.splitlines(), line

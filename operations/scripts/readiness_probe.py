@@ -88,7 +88,7 @@ def unit_states(unit):
 
 
 def unit_gone(states):
-    # Restart=on-failure puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
+    # Restart=always puts a crashed unit in auto-restart; StartLimitBurst ends in failed.
     # Not "inactive": right after `systemctl start --no-block` the job may not have begun yet.
     # "start-post" with no main process: vLLM died while ExecStartPost still waits for /health.
     return (states.get("ActiveState") == "failed" or states.get("SubState") == "auto-restart"
