@@ -18,13 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pyinfra import host, state
 
-from operations import factbatch, oporder, rollout, waves
+from operations import argtypes, factbatch, oporder, rollout, waves
 
 # the facts this host's last run read, read again in one round trip each time the run changed the host
 # (operations/factbatch.py): a converged re-run makes one round trip instead of fifty
 factbatch.activate(host)
 # pyinfra's operation order without reading the source of every frame per operation (operations/oporder.py)
 oporder.activate()
+# pyinfra's global arguments from their type hints once, not once per operation and fact read (operations/argtypes.py)
+argtypes.activate()
 
 # validate and plan: the run's context, the site's data, its secrets, the host's facts -> one frozen plan,
 # or a refusal naming file and field before any host changes
