@@ -54,7 +54,7 @@ class ReleaseLinks(FactBase):
 
 
 @operation()
-def staged(release_dir: str, launcher: str, overlay: str, venv: str):
+def staged(release_dir: str, launcher: str, overlay: str, venv: str, model_link: str | None = None):
     """
     A release folder, built once from the staging launcher and overlay, never changed after.
 
@@ -62,6 +62,8 @@ def staged(release_dir: str, launcher: str, overlay: str, venv: str):
     + launcher: the rendered staging launcher (copied)
     + overlay: the staging overlay folder (copied, links kept as links)
     + venv: the venv the release runs (linked)
+    + model_link: a link to the release's overlay, the name vLLM is started with (resolve/launcher.py
+      model_key: named by what shapes vLLM's compiled graph, so its compile cache serves the next release)
     """
     releases = posixpath.dirname(release_dir)
     links = host.get_fact(ReleaseLinks, deployment_dir=posixpath.dirname(releases))
@@ -75,6 +77,8 @@ def staged(release_dir: str, launcher: str, overlay: str, venv: str):
     yield StringCommand("cp", "-a", QuoteString(overlay), QuoteString(building + "/overlay"))
     yield StringCommand("cp", "-p", QuoteString(launcher), QuoteString(building + "/serve"))
     yield StringCommand("ln", "-s", QuoteString(venv), QuoteString(building + "/venv"))
+    if model_link and model_link != "overlay":
+        yield StringCommand("ln", "-s", "overlay", QuoteString(f"{building}/{model_link}"))
     yield StringCommand("mv", "-T", QuoteString(building), QuoteString(release_dir))
 
 

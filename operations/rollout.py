@@ -251,7 +251,7 @@ def release_staged(plan):
     files.directory(name="releases folder", path=layout.releases)
     release.staged(
         name=f"release {part.id}", release_dir=layout.release(part.id),
-        launcher=layout.launcher, overlay=layout.overlay, venv=plan.runtime.vllm_venv.path,
+        launcher=layout.launcher, overlay=layout.overlay, venv=plan.runtime.vllm_venv.path, model_link=part.model_link,
     )
     return [launcher, env_file]
 

@@ -24,7 +24,7 @@ from .context import RunContext
 from .features import config_repo, model_features
 from .gpus import GpuInventory, selected
 from .hub import Hub, HubClient, Snapshot, snapshot as hub_snapshot
-from .launcher import argument_lines, launcher_lines, quoted, release_id, vllm_command  # noqa: F401
+from .launcher import argument_lines, launcher_lines, model_key, model_link, quoted, release_id, vllm_command  # noqa: F401
 from .layout import Layout
 from .sitesource import SourcePlan
 
@@ -91,6 +91,7 @@ class ReleasePart:
     id: str
     launcher_text: str
     secrets: dict = field(default_factory=dict)  # env name -> SecretStr: what serve.env holds (VLLM_API_KEY)
+    model_link: str = "overlay"  # the release's link to its overlay that vLLM is started with (resolve/launcher.py)
 
 
 @dataclass(frozen=True)
@@ -516,10 +517,15 @@ def make_plan(
 
     serve = entry.serve
     served_name = serve.served_model_name or entry.hub.repo
+    # vLLM gets the overlay as a link named by what shapes its graph, relative to the release folder it runs
+    # in: its torch.compile cache, keyed on that name, serves every release of the same graph
+    # (resolve/launcher.py model_key)
+    shas = {f.path: f.sha256 for f in snapshot.files}
+    link = model_link(model_key(commit, rendered, {name: shas.get(name) for name in sorted(present)}))
     if role is not None and not role.is_leader:
-        args = nodes.worker_command(layout.active_venv, vllm.package, layout.overlay)
+        args = nodes.worker_command(layout.active_venv, vllm.package, link)
     else:
-        args = vllm_command(layout.active_venv, vllm.package, layout.overlay)
+        args = vllm_command(layout.active_venv, vllm.package, link)
     args += ["--served-model-name", served_name, "--host", settings.bind_address, "--port", str(settings.port)]
     args += ["--tensor-parallel-size", str(tp)]
     max_len = settings.max_model_len or serve.max_model_len
@@ -586,7 +592,7 @@ def make_plan(
         ),
         overlay=OverlayPart(rendered=rendered, pristine=pristine_texts, link_names=link_names),
         release=ReleasePart(
-            id=release, launcher_text=launcher_text,
+            id=release, launcher_text=launcher_text, model_link=link,
             # serve.env: what vLLM itself reads (the API key); the HF token stays with the download
             secrets={name: value for name, value in secrets.items() if name != "HF_TOKEN"},
         ),
