@@ -65,6 +65,13 @@ _DEPLOYMENTS = {
     },
 }
 _chosen = os.environ.get("HEAVYLIFT_H200_DEPLOYMENT", "llama-8b")
+# the restart proof's changes (scripts/gpu_proof.sh change, docs/gpu-proof.md "Restarts"): another memory fraction
+# is a flag change; a disk margin below the default 20 GB lets a second 16 GB revision land on the 64 GiB disk
+if os.environ.get("HEAVYLIFT_H200_GPU_MEMORY"):
+    _DEPLOYMENTS[_chosen] = {**_DEPLOYMENTS[_chosen], "extra_args": [
+        "--gpu-memory-utilization", os.environ["HEAVYLIFT_H200_GPU_MEMORY"]]}
+_DISK = {"disk_margin_gb": float(os.environ["HEAVYLIFT_H200_DISK_MARGIN_GB"])} if os.environ.get(
+    "HEAVYLIFT_H200_DISK_MARGIN_GB") else {}
 
 hosts = [
     (
@@ -91,6 +98,7 @@ hosts = [
             "readiness_timeout": 900,
             "benchmark_tokens": 256,
             "download_workers": 8,
+            **_DISK,
             **_DEPLOYMENTS[_chosen],
         },
     ),

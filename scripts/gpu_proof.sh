@@ -11,6 +11,11 @@
 #                                           HEAVYLIFT_PROOF_CHECKPOINTS=dsv3)
 #   scripts/gpu_proof.sh plain NAME         stop heavylift's service, run the same launcher by hand, time it with a
 #                                           direct client; then heavylift brings its service back (timed the same way)
+#   scripts/gpu_proof.sh plain_start NAME cold|warm   the release's launcher by hand, no service running (cold: the
+#                                           service user's caches emptied first), timed with the direct client
+#   scripts/gpu_proof.sh change NAME LABEL  converge a change (HEAVYLIFT_H200_GPU_MEMORY, revision, HEAVYLIFT_PROOF_TREE)
+#                                           while benchmarks/health_watch.py polls /health: the downtime, into downtime.jsonl
+#   scripts/gpu_proof.sh revision CKPT TEXT the Hub stand-in serves a new commit whose only change is README.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HL=/tmp/hl
@@ -78,6 +83,7 @@ hub_up() {  # NAME: the Hub stand-in serving that checkpoint on loopback
     local name=$1 port=${HUB_PORT[$1]}
     if curl -fsS -o /dev/null "http://127.0.0.1:$port/api/models/${REPO[$name]}/revision/main" 2>/dev/null; then return; fi
     setsid nohup "$PY" -m benchmarks.static_hub "$HL/models/$name" "${REPO[$name]}" "$port" > "$HL/hub-$name.log" 2>&1 < /dev/null &
+    echo $! > "$HL/hub-$name.pid"
     for _ in $(seq 1 240); do
         curl -fsS -o /dev/null "http://127.0.0.1:$port/api/models/${REPO[$name]}/revision/main" 2>/dev/null && break
         sleep 0.5
@@ -114,18 +120,20 @@ checkpoints() {  # generated here with the image's torch, never carried (a finis
     done
 }
 
-converge() {  # DEPLOYMENT N
-    local choice=$1 n=${2:-1} t0 rc=0
+converge() {  # DEPLOYMENT N (HEAVYLIFT_PROOF_TREE: another heavylift tree to run, HEAVYLIFT_PROOF_DATA: --data k=v ...)
+    local choice=$1 n=${2:-1} t0 rc=0 tree=${HEAVYLIFT_PROOF_TREE:-$PWD} data=()
     local name=${NAME[$1]}
+    for kv in ${HEAVYLIFT_PROOF_DATA:-}; do data+=(--data "$kv"); done
     hub_up "${CHECKPOINT[$choice]}" >/dev/null
     t0=$(stamp)
-    HEAVYLIFT_H200_DEPLOYMENT=$choice "$HL/ctl/bin/pyinfra" -y inventory/h200.py deploy.py > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
+    (cd "$tree" && HEAVYLIFT_H200_DEPLOYMENT=$choice "$HL/ctl/bin/pyinfra" -y "$OLDPWD/inventory/h200.py" deploy.py "${data[@]}") \
+        > "$RESULTS/converge-$name-$n.log" 2>&1 || rc=$?
     local wall; wall=$(minus "$(stamp)" "$t0")
     say "converge $name #$n: exit $rc, $wall s"
     grep -E "rule |vLLM |ready|No changes|Success|Error|error|\[@local\] (Loaded|heavylift)" "$RESULTS/converge-$name-$n.log" | tail -25 || true
     cp "$ROOT/deployments/$name/status.json" "$RESULTS/status-$name-$n.json" 2>/dev/null || true
     cp "$ROOT/deployments/$name/resolution.json" "$RESULTS/resolution-$name.json" 2>/dev/null || true
-    echo "{\"deployment\": \"$name\", \"run\": $n, \"exit\": $rc, \"wall_seconds\": $wall}" >> "$RESULTS/converge.jsonl"
+    echo "{\"deployment\": \"$name\", \"run\": \"$n\", \"exit\": $rc, \"wall_seconds\": $wall}" >> "$RESULTS/converge.jsonl"
     tail -n 60 "$ROOT/deployments/$name/run/serve.log" > "$RESULTS/serve-$name.log" 2>/dev/null || true
     return $rc
 }
@@ -171,6 +179,57 @@ gate_done = os.stat(status_file).st_mtime
 print(json.dumps({"start_to_gate_seconds": round(gate_done - started, 2), **status}))
 EOF
     "$PY" benchmarks/serve_client.py "http://127.0.0.1:$port" "$repo" --tokens 256 | tee "$RESULTS/direct-after-$name.json"
+}
+
+revision() {  # CHECKPOINT TEXT: the Hub stand-in serves a new commit whose only change is README.md (same weight bytes)
+    local name=$1 pidfile=$HL/hub-$1.pid
+    if [ -f "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; sleep 1; fi
+    printf '%s\n' "$2" > "$HL/models/$name/README.md"
+    hub_up "$name"
+}
+
+change() {  # DEPLOYMENT LABEL: converge a change while a client polls /health every 0.1 s; downtime = its last 200
+    # before the outage -> the moment the gate wrote status.json; the start-up breakdown says where it went
+    local choice=$1 label=$2 name=${NAME[$1]} port=${PORT[$1]} watch wpid
+    local status=$ROOT/deployments/$name/status.json
+    watch=$HL/watch-$label.jsonl; rm -f "$watch"
+    "$PY" benchmarks/health_watch.py "http://127.0.0.1:$port" "$watch" --every 0.1 & wpid=$!
+    sleep 1
+    converge "$choice" "$label" || true
+    sleep 0.5; kill "$wpid" 2>/dev/null || true
+    "$PY" - "$watch" "$status" "$label" <<'EOF' | tee -a "$RESULTS/downtime.jsonl"
+import json, os, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+down = next((l for l in lines if not l["up"] and l["last_other"]), None)
+up = next((l for l in lines if l["up"] and down and l["at"] > down["at"]), None)
+status = json.load(open(sys.argv[2]))
+gate = os.stat(sys.argv[2]).st_mtime
+out = {"change": sys.argv[3], "stops_answering": down and down["last_other"], "answers_again": up and up["at"]}
+if down:
+    out["downtime_to_gate_s"] = round(gate - down["last_other"], 2)
+    out["downtime_to_health_s"] = up and round(up["at"] - down["last_other"], 2)
+out["startup"] = status.get("startup")
+print(json.dumps(out))
+EOF
+}
+
+plain_start() {  # DEPLOYMENT cold|warm: the release's launcher by hand (no service running), timed from its start
+    local choice=$1 how=$2 pid started
+    local name=${NAME[$1]} repo=${REPO[${CHECKPOINT[$1]}]} port=${PORT[$1]}
+    if [ "$how" = cold ]; then  # empty caches: vLLM's, Triton's, CUDA's, inductor's default (HOME is the service's)
+        rm -rf "$ROOT/home/.cache" "$ROOT/home/.triton" "$ROOT/home/.nv" /tmp/torchinductor_*
+    fi
+    local launcher=$ROOT/deployments/$name/current/serve  # before the first switch (until=prepare): the newest release's
+    [ -e "$launcher" ] || launcher=$ROOT/deployments/$name/releases/$(ls -t "$ROOT/deployments/$name/releases" | head -1)/serve
+    setsid bash -c "set -a; . '$ROOT/deployments/$name/private/serve.env'; set +a; HOME='$ROOT/home' exec setpriv --reuid=heavylift --regid=heavylift --init-groups -- '$launcher'" \
+        > "$HL/plain-$name-$how.log" 2>&1 < /dev/null &
+    pid=$!
+    started=$(process_start "$pid")
+    "$PY" benchmarks/serve_client.py "http://127.0.0.1:$port" "$repo" --tokens 256 --started-at "$started" \
+        | tee -a "$RESULTS/plain-$name-$how.json"
+    kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid"
+    for _ in $(seq 1 240); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    grep -E "Loading weights took|torch.compile took|Directly load|Compiling a graph|Graph capturing|init engine|profiling" "$HL/plain-$name-$how.log" | cut -c1-220 | tee "$RESULTS/plain-$name-$how-vllm.txt" || true
 }
 
 "$@"
