@@ -198,10 +198,25 @@ def put_back(host, url, model, budget_seconds, endpoint, gate: Gate, rollback: R
     """``previous`` back as ``current``, restarted and gated again; the gate's result. Raises OperationError
     (after ``failure``) when that fails too."""
     switch_back(host, rollback, previous, failure)
-    return _gate_again(host, url, model, budget_seconds, endpoint, gate, failed, previous, failure)
+    return _gate_again(host, url, model, budget_seconds, endpoint, gate, failed, previous, failure, rollback.releases_dir)
 
 
-def _gate_again(host, url, model, budget_seconds, endpoint, gate: Gate, failed: str, previous: str, failure: str) -> dict:
+# the served name in a release's launcher (resolve/plan.py always passes --served-model-name, shell-quoted)
+SERVED_NAME = re.compile(r"--served-model-name\s+'?([^\s'\\]+)")
+
+
+def served_name_of(host, releases_dir: str, release: str) -> str | None:
+    """The name release ``release`` serves its model under: a release kept from before a site edit may serve another
+    model (or name) than the one that just failed."""
+    ok, output = host.run_shell_command(StringCommand("cat", QuoteString(f"{releases_dir}/{release}/serve")))
+    found = SERVED_NAME.search(output.stdout) if ok else None
+    return found.group(1) if found else None
+
+
+def _gate_again(host, url, model, budget_seconds, endpoint, gate: Gate, failed: str, previous: str, failure: str,
+                releases_dir: str = "") -> dict:
+    # gated as what that release serves, not as the failed one's model
+    model = (served_name_of(host, releases_dir, previous) if releases_dir else None) or model
     again = _gate(host, url, model, budget_seconds, Gate(**{**gate.__dict__, "meta": {
         **gate.meta, "release": previous, "rolled_back_from": failed}}))
     if not _passed(again):
@@ -209,7 +224,7 @@ def _gate_again(host, url, model, budget_seconds, endpoint, gate: Gate, failed: 
             f"{failure}\nRolled back to release {previous}, which is not ready either ({again.get('error')})."
         )
     logger.info(f"{host.print_prefix}{report_line({**gate.meta, 'release': previous}, again, endpoint)}")
-    return again
+    return {**again, "served": model}
 
 
 def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_command, gate, rollback=None):
@@ -238,7 +253,7 @@ def _wait_until_ready(state, host, url, model, budget_seconds, endpoint, log_com
     logger.warning(f"{host.print_prefix}release {failed} failed its readiness gate; rolling back to release {previous}")
     again = put_back(host, url, model, budget_seconds, endpoint, gate, rollback, failed, previous, failure)
     raise OperationError(
-        f"release {failed} failed its readiness gate and was rolled back: release {previous} serves {model} at "
+        f"release {failed} failed its readiness gate and was rolled back: release {previous} serves {again['served']} at "
         f"{endpoint} again (healthy after {again['health_seconds']} s).\n{failure}"
     )
 
@@ -263,7 +278,8 @@ def _leader_rolls_back(state, host, url, model, budget_seconds, endpoint, gate, 
     board.wait(state, gate.meta.get("deployment"), lambda o: set(workers) <= o.restarted, leader=host.name,
                timeout=budget_seconds)
     try:
-        again = _gate_again(host, url, model, budget_seconds, endpoint, gate, failed, previous, failure)
+        again = _gate_again(host, url, model, budget_seconds, endpoint, gate, failed, previous, failure,
+                            rollback.releases_dir)
     finally:
         outcome.regate_done = True
     raise OperationError(

@@ -196,19 +196,25 @@ def test_failed_gate_rolls_back_restarts_gates_again_and_fails_the_run(caplog):
         (True, "vllm: error: unrecognized arguments: --bogus", ""),
         (True, "releases/old000000000", ""),
         (True, "", ""), (True, "", ""), (True, "", ""),  # ln, mv, restart
+        # the old release's launcher: it serves another name than the failed one (a site edit changed the model)
+        (True, "exec /d/releases/old000000000/venv/bin/python -m vllm.entrypoints.launchers.api_server.entry \\\n"
+               "    --served-model-name 'org/kimi-k2-old' --host 0.0.0.0 --port 8000", ""),
         (True, json.dumps(READY), ""),
     ])
     with caplog.at_level("INFO", logger="pyinfra"), pytest.raises(OperationError) as raised:
         readiness._wait_until_ready(None, host, URL, "kimi-k2", 1800, "http://gpu1:8000/v1", StringCommand(LOG), GATE, ROLLBACK)
-    assert host.commands[3:6] == [
+    assert host.commands[3:7] == [
         "ln -sfn /d/releases/old000000000 /d/current.new", "mv -T /d/current.new /d/current", "restart-it",
+        "cat /d/releases/old000000000/serve",
     ]
-    # the second gate records the release it went back to, and the one that failed
-    meta = json.loads(shlex.split(host.commands[6])[-1])
+    # the second gate asks for what the old release serves, and records the release it went back to and the failed one
+    gate_again = shlex.split(host.commands[7])
+    assert "org/kimi-k2-old" in gate_again and "kimi-k2" not in gate_again
+    meta = json.loads(gate_again[-1])
     assert meta["release"] == "old000000000" and meta["rolled_back_from"] == "new000000000"
     message = str(raised.value)
     assert message.startswith("release new000000000 failed its readiness gate and was rolled back: release old000000000 "
-                              "serves kimi-k2 at http://gpu1:8000/v1 again (healthy after 42.5 s).")
+                              "serves org/kimi-k2-old at http://gpu1:8000/v1 again (healthy after 42.5 s).")
     assert "unrecognized arguments: --bogus" in message
     assert any("rolling back to release old000000000" in m for m in caplog.messages)
 
@@ -246,7 +252,8 @@ def test_gate_step_fails_the_operation_with_one_message_and_no_traceback(caplog)
 def test_failed_rollback_says_both():
     failed = {"healthy": False, "completion": None, "error": "/health: timed out", "health_seconds": 60.0}
     host = ShellHost([(True, json.dumps(failed), ""), (True, "log", ""), (True, "releases/old000000000", ""),
-                      (True, "", ""), (True, "", ""), (True, "", ""), (True, json.dumps(failed), "")])
+                      (True, "", ""), (True, "", ""), (True, "", ""), (True, "--served-model-name kimi-k2", ""),
+                      (True, json.dumps(failed), "")])
     with pytest.raises(OperationError, match="Rolled back to release old000000000, which is not ready either"):
         readiness._wait_until_ready(None, host, URL, "kimi-k2", 60, "e", StringCommand(LOG), GATE, ROLLBACK)
 
