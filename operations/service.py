@@ -308,7 +308,14 @@ def _start(launcher: str, env_file: str, pidfile: str, logfile: str, user: str |
     inner = f". {shlex.quote(env_file)} && exec {shlex.quote(launcher)}"
     if user:
         drop = f"setpriv --reuid={shlex.quote(user)} --regid={shlex.quote(user)} --init-groups --"
-        inner = f". {shlex.quote(env_file)} && set +a && HOME={shlex.quote(home or '/')} exec {drop} {shlex.quote(launcher)}"
+        # setpriv changes the ids, not the environment: USER and LOGNAME would still say root, and Python's
+        # getpass.getuser() reads them first. torch's Inductor keeps its cache in /tmp/torchinductor_<that name>
+        # (torch 2.13 torch/_inductor/runtime/cache_dir_utils.py default_cache_dir), so vLLM's ranks (the CPU
+        # build compiles there even in eager mode at TP > 1) died of "Permission denied: /tmp/torchinductor_root"
+        # wherever root had run torch before. systemd's User= sets all three
+        who = shlex.quote(user)
+        inner = (f". {shlex.quote(env_file)} && set +a && HOME={shlex.quote(home or '/')} USER={who} LOGNAME={who} "
+                 f"exec {drop} {shlex.quote(launcher)}")
     return StringCommand(
         "start-stop-daemon", "--start", "--background", "--make-pidfile",
         "--pidfile", QuoteString(pidfile), "--output", QuoteString(logfile),
