@@ -160,8 +160,7 @@ class DeploymentProcesses(FactBase):
     """
 
     def command(self, releases_dir, user, pid_source):
-        return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script(PROCS_SCRIPT)), "list",
-                             QuoteString(releases_dir), QuoteString(user), QuoteString(pid_source))
+        return procs_command("list", releases_dir, user, pid_source)
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -170,12 +169,17 @@ class DeploymentProcesses(FactBase):
 PROCS_SCRIPT = "service_procs.py"
 
 
+def procs_command(action: str, releases_dir: str, user: str, pid_source: str) -> StringCommand:
+    """scripts/service_procs.py ACTION for one deployment, through ``python3 -c`` (nothing uploaded)."""
+    return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script(PROCS_SCRIPT)), action,
+                         QuoteString(releases_dir), QuoteString(user), QuoteString(pid_source))
+
+
 def processes_ended(releases_dir: str, user: str, pid_source: str) -> StringCommand:
     """Ends the deployment's processes outside its service (SIGTERM, then SIGKILL) and removes the /dev/shm
     segments its ranks left that no process holds (scripts/service_procs.py ``end``). After a stop, that is
     every process of the deployment: a rank or engine core that outlived its API server goes too."""
-    return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script(PROCS_SCRIPT)), "end",
-                         QuoteString(releases_dir), QuoteString(user), QuoteString(pid_source))
+    return procs_command("end", releases_dir, user, pid_source)
 
 
 def describe_processes(found: list[dict]) -> str:
