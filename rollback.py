@@ -24,6 +24,7 @@ from pyinfra import host, logger, state
 from models.errors import HeavyliftConfigError
 from models.validate import COMMAND_KEYS, DataSources, load_deployment, origin_of
 from operations import fleet, hostlock, readiness, release, supervisor
+from resolve import supervisor as supervisor_choice
 from resolve.address import local_url, public_url
 from resolve.context import RunContext
 from resolve.layout import Layout
@@ -50,7 +51,9 @@ switched = release.current(
     name=f"current release {target['id']} (rollback)", deployment_dir=layout.deployment_dir, release=target["id"],
     keep=len(found["deployments"][deployment.name]["releases"]) + 2,  # a rollback removes no release
 )
-running = supervisor.of(layout, settings.service_manager, settings.service_user, settings.shutdown_timeout + 30)
+# the supervisor as a deploy's planning decides it (resolve/supervisor.py): the site's, or the host's init system
+manager = supervisor_choice.decided(settings.service_manager, supervisor.init_system(settings.service_manager))
+running = supervisor.of(layout, manager, settings.service_user, settings.shutdown_timeout + 30)
 supervisor.restarted(
     name=f"service restart ({running.manager})", commands=running.restart, dependencies=[switched],
     why=f"release {target['id']} is current already",

@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from . import service
+from resolve.layout import Layout
+from resolve.supervisor import SYSTEMD
+
+from . import supervisor
 from .weights import human_bytes
 
 
@@ -22,7 +25,8 @@ from .weights import human_bytes
 class RetirePlan:
     deployment: str
     folder: str
-    service: dict
+    service: dict  # the service as the host's state has it: its supervisor, read back from the host
+    layout: Layout
     remove: list[tuple[str, str]] = field(default_factory=list)  # (path, what it is)
     keep: list[tuple[str, str]] = field(default_factory=list)  # (path, why it stays)
     freed_bytes: int = 0
@@ -55,7 +59,8 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
             continue
         for path in set().union(*_uses(deployment)):
             others.setdefault(path, other)
-    folder = posixpath.join(state["root"], "deployments", name)
+    layout = Layout(state["root"], name)
+    folder = layout.deployment_dir
     remove = [(folder, "releases, overlay, launcher, private secrets, status, logs")]
     keep = []
     sizes = {s["path"]: s["bytes"] for s in state["snapshots"]}
@@ -63,7 +68,7 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
     for path in sorted(venvs):
         if path in others:
             keep.append((path, f"venv deployment {others[path]} uses"))
-        elif posixpath.isabs(path) and posixpath.dirname(path) == posixpath.join(state["root"], "venvs"):
+        elif posixpath.isabs(path) and posixpath.dirname(path) == layout.venvs_dir:
             remove.append((path, "venv only this deployment used"))
     for path in sorted(snapshots):
         if path in others:
@@ -73,9 +78,9 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
                        (path + ".manifest.*", "its manifest, lock and download request")]
             freed += sizes[path]
     service = dict(target["service"])
-    if service.get("manager") == "systemd":
-        remove.append((f"/etc/systemd/system/{service.get('unit') or f'heavylift-{name}.service'}", "systemd unit"))
-    return RetirePlan(name, folder, service, remove, keep, freed)
+    if service.get("manager") == SYSTEMD:
+        remove.append((layout.unit_path, "systemd unit"))
+    return RetirePlan(name, folder, service, layout, remove, keep, freed)
 
 
 @operation()
@@ -88,25 +93,15 @@ def retired(plan: RetirePlan, user: str, grace_seconds: int = 60):
     + user: the service user its vLLM ran as: any process of it left from the deployment ends with the service
     + grace_seconds: how long the fallback's stop waits after SIGTERM before SIGKILL
     """
-    service_state = plan.service
-    pidfile = posixpath.join(plan.folder, "run", "serve.pid")
-    unit_name = service_state.get("unit") or f"heavylift-{plan.deployment}.service"
-    if service_state.get("manager") == "systemd":
-        unit = QuoteString(unit_name)
-        yield StringCommand("systemctl", "disable", "--now", unit, "2>/dev/null", "||", "true")
-    elif service_state.get("pid"):
-        yield StringCommand(
-            "start-stop-daemon", "--stop", "--oknodo", "--remove-pidfile", "--pidfile", QuoteString(pidfile),
-            "--retry", f"TERM/{grace_seconds}/KILL/10",
-        )
+    # the supervisor it runs under, as the host's state says: the one planning decided when it was deployed
+    running = supervisor.of(plan.layout, plan.service.get("manager"), user, grace_seconds)
+    if running.manager == SYSTEMD or plan.service.get("pid"):
+        yield from running.retire_stop
     # no rank left behind: the deployment's processes that outlived the stop, and their /dev/shm segments
-    pid_source = f"systemd:{unit_name}" if service_state.get("manager") == "systemd" else f"pidfile:{pidfile}"
-    yield service.processes_ended(posixpath.join(plan.folder, "releases"), user, pid_source)
+    yield running.reap
     for path, _ in plan.remove:
         if path.endswith(".manifest.*"):  # the files beside a snapshot: a glob, outside the quotes
             yield StringCommand("rm", "-rf", StringCommand(QuoteString(path[: -len(".manifest.*")]), ".manifest.*", _separator=""))
         else:
             yield StringCommand("rm", "-rf", QuoteString(path))
-    if service_state.get("manager") == "systemd":
-        yield StringCommand("systemctl", "daemon-reload", "2>/dev/null", "||", "true")
-        yield StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true")
+    yield from running.after_removal

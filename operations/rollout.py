@@ -77,6 +77,7 @@ def planned() -> tuple[Plan, RunContext]:
         plan = make_plan(
             deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role,
             site_source=site_source, host_resources=resources,
+            init_system=supervisor.init_system(deployment.settings.service_manager),
         )
     except RefusedError as refusal:
         raise HeavyliftConfigError(
@@ -188,7 +189,7 @@ def weights_present(plan):
     if source.fills_from_hub:
         weights.downloaded(name=name, **download)
         started = sitesource.serve(source, layout, plan.service.user, part.token, str(TEMPLATES), part.content_dir,
-                                   service.manager_of(plan.service.manager))
+                                   plan.service.manager)
     sitesource.answering(name="site source answers", source=source, started=started)
     if not source.fills_from_hub:
         headers = sitesource.copy_token(layout, part.token)

@@ -211,13 +211,6 @@ def leftovers_ended(releases_dir: str, user: str, pid_source: str):
     yield processes_ended(releases_dir, user, pid_source)
 
 
-def manager_of(setting: str) -> str:
-    """The service manager the site's ``service_manager`` means on this host: systemd or fallback."""
-    if setting == "auto":
-        return "systemd" if host.get_fact(InitSystem) == "systemd" else "fallback"
-    return setting
-
-
 def changed_in_this_run(dependencies: list[OperationMeta], group: tuple[str, ...] = ()) -> bool:
     """Did (or, while planning, will) any of these operations change the host, or, in a multi-node
     ``group``, any node of it (operations/nodegroup.py: a group restarts whole)?"""

@@ -31,6 +31,7 @@ from pyinfra.operations import files
 
 from resolve.address import local_url
 from resolve.sitesource import SourcePlan
+from resolve.supervisor import SYSTEMD
 
 from . import permissions, secrets, service
 
@@ -110,8 +111,8 @@ def copy_token(layout, token: SecretStr | None) -> str | None:
 
 def serve(source: SourcePlan, layout, user: str, token: SecretStr | None, templates: str, content_dir: str, manager: str):
     """On the source host: the site source's server running as the service user under systemd or
-    start-stop-daemon, restarted when its script, launcher, token or unit changed. Returns the service
-    operation, for ``answering``, which every host calls next."""
+    start-stop-daemon (``manager``, the plan's: resolve/supervisor.py), restarted when its script, launcher,
+    token or unit changed. Returns the service operation, for ``answering``, which every host calls next."""
     paths = SourcePaths(layout.root)
     # vLLM's stage makes these later; the server needs them first (both operations no-op the second time)
     service.service_user(name=f"service user {user}", user=user, home=layout.service_home)
@@ -137,7 +138,7 @@ def serve(source: SourcePlan, layout, user: str, token: SecretStr | None, templa
     env_file = secrets.env_file(name="site source token (0600, never shown)", path=paths.env_file,
                                 content=SecretStr(env_text))
     dependencies = [launcher, env_file]
-    if manager == "systemd":
+    if manager == SYSTEMD:
         unit_file = files.template(
             name="site source systemd unit", src=f"{templates}/site-source.service.j2", dest=paths.unit_path,
             models=paths.models, bind=source.bind_address, port=source.port, service_user=user,

@@ -1,5 +1,5 @@
-"""The supervisor of a deployment's vLLM: systemd where the host runs it (or the site says so), else the
-start-stop-daemon fallback.
+"""The supervisor of a deployment's vLLM: systemd's unit or the start-stop-daemon fallback, as planning decided
+(resolve/supervisor.py).
 
 One place owns unit-or-daemon, the restart and stop commands, the log command and the pid source, for
 deploy.py (operations/rollout.py ``service_running``) and the operator commands (rollback.py, retire.py)
@@ -17,6 +17,8 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import files
 
+from resolve.supervisor import SYSTEMD, asks_host
+
 from . import service
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -30,6 +32,11 @@ class Supervisor:
     log_command: StringCommand  # the last 40 lines of the service's log
     pid_source: str  # for the readiness probe: "systemd:UNIT" or "pidfile:PATH"
     log_source: str = ""  # for the readiness probe's start-up breakdown: "journal:UNIT" or "file:PATH"
+    # retire.py: stopped for good before the deployment's files go (a unit already gone is no failure), what
+    # its processes left, and systemd's own record of the unit cleared once its file is removed
+    retire_stop: tuple = ()
+    reap: StringCommand | None = None
+    after_removal: tuple = ()
 
     def converged(self, plan, dependencies: list[OperationMeta]) -> OperationMeta:
         """The service of ``plan`` (resolve/plan.py) running its current release, restarted only when one of
@@ -38,7 +45,7 @@ class Supervisor:
         # an earlier start's engine core and ranks that outlived their API server: ended before this start
         service.leftovers_ended(name="vLLM processes outside the service", releases_dir=layout.releases, user=part.user,
                                 pid_source=self.pid_source)
-        if self.manager == "systemd":
+        if self.manager == SYSTEMD:
             unit_file = files.template(
                 name="systemd unit",
                 src=str(TEMPLATES / "vllm.service.j2"),
@@ -71,22 +78,31 @@ class Supervisor:
         )
 
 
+def init_system(setting: str) -> str | None:
+    """What planning decides service_manager "auto" by (resolve/supervisor.py): the host's running service manager
+    (``InitSystem``); None, not read, where the site names the supervisor."""
+    return host.get_fact(service.InitSystem) if asks_host(setting) else None
+
+
 def of(layout, manager: str, user: str, stop_grace: int) -> Supervisor:
-    """The supervisor of ``layout``'s deployment; ``manager`` as the site says (auto, systemd, fallback)."""
-    if manager == "auto":
-        manager = "systemd" if host.get_fact(service.InitSystem) == "systemd" else "fallback"
-    if manager == "systemd":
+    """The supervisor of ``layout``'s deployment; ``manager`` as planning decided it (systemd or fallback,
+    resolve/supervisor.py), or as the host's state says it runs (retire.py)."""
+    if manager == SYSTEMD:
         unit = QuoteString(layout.unit_name)
         # what a stop leaves (a rank's /dev/shm segments; on a crash, ranks outside the unit's cgroup: none) goes after it
         reap = [service.processes_ended(layout.releases, user, f"systemd:{layout.unit_name}")]
         return Supervisor(
-            manager="systemd",
+            manager=SYSTEMD,
             restart=tuple(service.systemd_restart(layout.unit_name, reap)),
             stop=(StringCommand("systemctl", "disable", "--now", unit),
                   StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true"), *reap),
             log_command=StringCommand("journalctl", "-u", unit, "-n", "40", "--no-pager"),
             pid_source=f"systemd:{layout.unit_name}",
             log_source=f"journal:{layout.unit_name}",
+            retire_stop=(StringCommand("systemctl", "disable", "--now", unit, "2>/dev/null", "||", "true"),),
+            reap=reap[0],
+            after_removal=(StringCommand("systemctl", "daemon-reload", "2>/dev/null", "||", "true"),
+                           StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true")),
         )
     # start-stop-daemon stops the API server alone: an engine core or rank that outlives it goes after it
     reap = [service.processes_ended(layout.releases, user, f"pidfile:{layout.pidfile}")]
@@ -101,6 +117,8 @@ def of(layout, manager: str, user: str, stop_grace: int) -> Supervisor:
         log_command=StringCommand("tail", "-n", "40", QuoteString(layout.logfile)),
         pid_source=f"pidfile:{layout.pidfile}",
         log_source=f"file:{layout.logfile}",
+        retire_stop=(restart[0],),
+        reap=reap[0],
     )
 
 

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from models.schema import NVLINK_MULTICAST_OFF
 
-from . import compat, lockfile, nodes, overlay, venvs, vllm_build
+from . import compat, lockfile, nodes, overlay, supervisor, venvs, vllm_build
 from .address import local_url, public_url, url_host
 from .context import RunContext
 from .features import config_repo, model_features
@@ -98,7 +98,7 @@ class ReleasePart:
 class ServicePart:
     """The supervisor's settings: systemd's unit or the start-stop-daemon fallback (operations/supervisor.py)."""
 
-    manager: str  # auto, systemd, fallback: auto is decided on the host (its init system)
+    manager: str  # systemd or fallback, decided while planning (resolve/supervisor.py)
     user: str
     start_timeout: int
     stop_grace: int  # vLLM drains for --shutdown-timeout, then exits
@@ -459,6 +459,7 @@ def make_plan(
     context: RunContext | None = None, hub: Hub | None = None, secrets: dict | None = None,
     role: nodes.NodeRole | None = None, site_source: SourcePlan | None = None,
     index: vllm_build.WheelIndex = vllm_build.SIMPLE_INDEX, host_resources: compat.HostResources | None = None,
+    init_system: str | None = None,
 ) -> Plan:
     """The whole desired state of one host.
 
@@ -470,6 +471,8 @@ def make_plan(
     + site_source: this host's part of the site source (resolve/sitesource.py plan_for), None without one
     + index: the package index planning asks for the vLLM build (default: over HTTP, resolve/vllm_build.py)
     + host_resources: /dev/shm, the GPU memory others hold and the GPU topology (compat.HostResources), None: not read
+    + init_system: the host's running service manager (operations/service.py InitSystem), what service_manager
+      "auto" is decided by (resolve/supervisor.py); None: not read (a host without systemd)
     """
     settings, entry = deployment.settings, deployment.entry
     context = context or RunContext.build(Path.cwd())
@@ -597,7 +600,7 @@ def make_plan(
             secrets={name: value for name, value in secrets.items() if name != "HF_TOKEN"},
         ),
         service=ServicePart(
-            manager=settings.service_manager, user=settings.service_user,
+            manager=supervisor.decided(settings.service_manager, init_system), user=settings.service_user,
             start_timeout=settings.start_timeout or settings.readiness_timeout,
             stop_grace=settings.shutdown_timeout + 30, restart_delay=settings.restart_delay,
             restart_max_delay=settings.restart_max_delay, limit_nofile=settings.limit_nofile,

@@ -150,7 +150,10 @@ def last_error(text):
 
 
 def service_state(root, name, deployment_dir, systemd):
-    """manager, state (active, starting, restarting, failed, stopped, absent), pid, last error line."""
+    """manager, state (active, starting, restarting, failed, stopped, absent), pid, last error line.
+
+    The supervisor is read back, not chosen: planning chose it when the deployment was deployed
+    (resolve/supervisor.py), and a deploy writes the unit file only where it chose systemd."""
     unit = f"heavylift-{name}.service"
     if systemd and os.path.exists(f"/etc/systemd/system/{unit}"):
         shown = run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
