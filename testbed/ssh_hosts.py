@@ -80,10 +80,33 @@ def ensure_root() -> None:
         raise PermissionError("SSH test hosts need root (namespaces and overlay mounts)")
 
 
+# Ports for test services come from below the kernel's ephemeral range (32768-60999 by default), one
+# block per pytest-xdist worker: a port handed out here but not yet listened on (a vLLM that starts a
+# minute later) can then be taken neither by another worker's choice nor by an outgoing connection's
+# ephemeral port (a vLLM rank's, a test client's). Each block is walked in turn, so one process never
+# hands out a port twice while the block lasts.
+PORT_BLOCK_START, PORT_BLOCK_SIZE = 20000, 1500
+_next_port_offset = 0
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw0", "gw1", ...; unset outside xdist
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+    global _next_port_offset
+    base = PORT_BLOCK_START + (_worker_index() % 8) * PORT_BLOCK_SIZE
+    for _ in range(PORT_BLOCK_SIZE):
+        port = base + _next_port_offset
+        _next_port_offset = (_next_port_offset + 1) % PORT_BLOCK_SIZE
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {LOOPBACK} between {base} and {base + PORT_BLOCK_SIZE - 1}")
 
 
 def port_accepts_tcp(port: int) -> bool:
@@ -272,17 +295,61 @@ class TestHost:
     ) -> subprocess.CompletedProcess:
         """Run a command inside the host (its filesystem, hostname and root), without SSH."""
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        net = ["--net"] if self.netns_path else []
         return subprocess.run(
-            # --root/--wd without a value: those of the host's sshd, i.e. the host's /
-            ["nsenter", "--target", str(self.pid), "--mount", "--uts", *net, "--root", "--wd", "--"]
-            + argv,
+            self._enter() + argv,
             env=HOST_ENV,
             capture_output=True,
             text=True,
             check=check,
             timeout=timeout,
         )
+
+    def _enter(self) -> list[str]:
+        """nsenter's argv into the host: its namespaces, its root and working folder (--root/--wd without a
+        value: the target's). The target is the sshd, or while its SSH is cut (cut_ssh) a process it runs."""
+        target = self.pid
+        if process_is_gone(target):
+            target = next(iter(self.processes()), target)
+        net = ["--net"] if self.netns_path else []
+        return ["nsenter", "--target", str(target), "--mount", "--uts", *net, "--root", "--wd", "--"]
+
+    # Faults
+
+    def cut_ssh(self, timeout: float = 10) -> list[int]:
+        """SIGKILL the host's sshd and every SSH session (a crashed sshd, a host cut off): a control machine
+        connected to it loses the connection; what the host runs (a vLLM) goes on. restore_ssh() undoes it."""
+        sshds = [pid for pid in self.processes() if _comm(pid).startswith("sshd")]
+        for pid in sshds:
+            send_signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while any(not process_is_gone(pid) for pid in sshds):
+            self.reap_launcher()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"test host {self.name}: sshd processes {sshds} survive SIGKILL")
+            time.sleep(0.02)
+        return sshds
+
+    def restore_ssh(self, timeout: float = 10) -> None:
+        """Start the host's sshd again inside the host, beside what runs there (after cut_ssh)."""
+        others = self.processes()
+        if not others:
+            raise RuntimeError(f"test host {self.name}: nothing runs in it to start an sshd beside")
+        listening = self.boot_log().count(f"Server listening on {self.address} port {self.port}.")
+        self.pid = 0
+        with open(self.dir / "boot.log", "ab") as log:
+            net = ["--net"] if self.netns_path else []
+            self._launcher = subprocess.Popen(
+                ["nsenter", "--target", str(others[0]), "--mount", "--uts", *net, "--root", "--wd", "--",
+                 SSHD, "-D", "-e", "-f", "/run/testbed/sshd_config"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.pid = self.launcher_pid = self._launcher.pid  # nsenter execs the sshd: one process
+        self.save_state()
+        deadline = time.monotonic() + timeout
+        while self.boot_log().count(f"Server listening on {self.address} port {self.port}.") <= listening:
+            if self._launcher.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"test host {self.name}: its sshd did not start again:\n{self.boot_log()[-2000:]}")
+            time.sleep(0.02)
 
     # Starting
 
@@ -490,6 +557,13 @@ class TestHost:
         self.namespace = None
         if remove and self.dir.exists():
             shutil.rmtree(self.dir)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def send_signal(pid: int, sig: signal.Signals) -> None:

@@ -83,6 +83,34 @@ def test_pyinfra_deploy_lands_only_on_its_host(bed, tmp_path):
     assert not Path("/root/pyinfra-was-here").exists()
 
 
+def test_cut_ssh_drops_the_session_keeps_the_daemon_and_restore_brings_ssh_back(testbed_factory):
+    bed = testbed_factory(["cut"])
+    host = bed["cut"]
+    start_daemon = ("start-stop-daemon --start --background --make-pidfile --pidfile /run/x.pid"
+                    " --exec /bin/sleep -- 1000 && cat /run/x.pid")
+    daemon_pid = int(subprocess.run(host.ssh_argv(start_daemon), capture_output=True, text=True, timeout=30,
+                                    check=True).stdout)
+    # a control machine's open connection, as pyinfra keeps one for the whole run
+    session = subprocess.Popen(host.ssh_argv("sleep 600"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: host.run("pgrep -x sleep | wc -l").stdout.strip() == "2")
+
+    killed = host.cut_ssh()
+
+    assert len(killed) >= 2  # the listener and the session's
+    assert session.wait(timeout=10) != 0
+    refused = subprocess.run(host.ssh_argv("true"), capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 255 and "refused" in refused.stderr, refused.stderr
+    assert daemon_pid in host.processes()  # what the host runs goes on
+    assert host.run("hostname").stdout == "cut\n"  # and the test still reaches it without SSH
+
+    host.restore_ssh()
+
+    back = subprocess.run(host.ssh_argv("hostname; cat /run/x.pid"), capture_output=True, text=True, timeout=30)
+    assert back.returncode == 0 and back.stdout.split() == ["cut", str(daemon_pid)], back.stderr
+    bed.stop()
+    assert process_is_gone(daemon_pid) and not host.dir.exists()
+
+
 def test_daemon_started_over_ssh_outlives_the_session_until_stop(testbed_factory):
     bed = testbed_factory(["daemons"])
     host = bed["daemons"]

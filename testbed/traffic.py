@@ -1,0 +1,246 @@
+"""Bounded client load on a fleet of vLLM servers, and what the clients saw: for a rollout under traffic.
+
+A fixed number of streams, each sending one streamed completion after another to the hosts in turn
+(round robin, every host whatever its state: the clients do not know a restart is coming), for as
+long as the load runs; beside them one sampler per host asking ``/health`` every ``sample_every``
+seconds. Every request ends as one of:
+
+- ``ok``: the stream ended with vLLM's ``data: [DONE]``;
+- ``refused``: no answer began: the connection was refused or reset, or the server answered with an
+  error status before any token (vLLM answers 503 to a new request while it drains);
+- ``broken``: an answer began (status 200) and the stream ended without ``[DONE]``: a client lost a
+  request that a server had taken. A graceful rollout has none.
+
+The host a request went to and its start and end times are kept, so a refusal can be matched to the
+time that host was out, and a request that was in flight when its host began to drain (its first
+refusal) can be seen to have completed.
+
+    with Traffic({"host1": "http://127.0.0.1:8001", ...}, model="heavylift/tiny-llama") as load:
+        ...  # roll the fleet
+    report = load.report()
+    print(report.describe())
+
+Loopback and the test's own namespaces only; the standard library only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Request:
+    host: str
+    started: float
+    ended: float
+    outcome: str  # "ok", "refused" or "broken"
+    detail: str = ""
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A run of failed ``/health`` samples of one host: from the first failed one to the next good one."""
+
+    host: str
+    began: float
+    ended: float  # the send time of the first good sample after it (the load's end if none came)
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.began
+
+
+@dataclass
+class Report:
+    requests: list[Request]
+    outages: list[Outage]
+    samples: int
+    seconds: float
+    hosts: tuple[str, ...]
+    max_out_at_once: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def of(self, outcome: str) -> list[Request]:
+        return [r for r in self.requests if r.outcome == outcome]
+
+    @property
+    def longest_outage(self) -> Outage | None:
+        return max(self.outages, key=lambda o: o.seconds, default=None)
+
+    def drained(self) -> list[Request]:
+        """Requests that completed though their host began to drain while they were in flight: they started
+        before the host's first refusal of an outage and ended after it."""
+        firsts = self.drain_starts()
+        return [r for r in self.of("ok")
+                if any(r.started < t < r.ended for t in firsts.get(r.host, []))]
+
+    def drain_starts(self) -> dict[str, list[float]]:
+        """Per host, when each of its drains showed first: the first refused request's start time near each outage."""
+        starts: dict[str, list[float]] = {}
+        for refused in sorted(self.of("refused"), key=lambda r: r.started):
+            seen = starts.setdefault(refused.host, [])
+            if not seen or refused.started - seen[-1] > 30:
+                seen.append(refused.started)
+        return starts
+
+    def refused_outside_outages(self, slack: float) -> list[Request]:
+        """Refusals by a host that was not out (by ``/health``) within ``slack`` seconds of the request."""
+        return [r for r in self.of("refused")
+                if not any(o.host == r.host and o.began - slack <= r.started <= o.ended + slack for o in self.outages)]
+
+    def describe(self) -> str:
+        longest = self.longest_outage
+        longest_text = f"{longest.seconds:.1f} s ({longest.host})" if longest else "none"
+        per_host = ", ".join(
+            f"{host}: {sum(1 for r in self.requests if r.host == host and r.outcome == 'ok')} ok"
+            f"/{sum(1 for r in self.requests if r.host == host)}" for host in self.hosts)
+        return (f"{len(self.requests)} requests in {self.seconds:.0f} s: {len(self.of('ok'))} ok, "
+                f"{len(self.of('refused'))} refused, {len(self.of('broken'))} broken ({per_host}); "
+                f"{len(self.drained())} completed while their host drained; "
+                f"hosts out at once at most {self.max_out_at_once}; longest out {longest_text}; "
+                f"{self.samples} health samples")
+
+
+class Traffic:
+    """``streams`` clients sending streamed completions round robin to ``endpoints`` while the context is open."""
+
+    def __init__(self, endpoints: dict[str, str], model: str, streams: int = 3, max_tokens: int = 32,
+                 sample_every: float = 0.1, probe_timeout: float = 3.0, request_timeout: float = 120.0):
+        self.endpoints = dict(endpoints)
+        self.model = model
+        self.streams = streams
+        self.max_tokens = max_tokens
+        self.sample_every = sample_every
+        self.probe_timeout = probe_timeout
+        self.request_timeout = request_timeout
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._requests: list[Request] = []
+        self._samples: dict[str, list[tuple[float, bool]]] = {name: [] for name in endpoints}
+        self._threads: list[threading.Thread] = []
+        self._started = self._ended = 0.0
+
+    # the load
+
+    def __enter__(self) -> Traffic:
+        self._started = time.monotonic()
+        names = list(self.endpoints)
+        for name in names:
+            self._threads.append(threading.Thread(target=self._sample, args=(name,), daemon=True))
+        for index in range(self.streams):
+            self._threads.append(threading.Thread(target=self._stream, args=(names, index), daemon=True))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No new request; the ones in flight run to their end (bounded by request_timeout)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.request_timeout + 10)
+        self._ended = time.monotonic()
+
+    def _stream(self, names: list[str], index: int) -> None:
+        turn = index
+        while not self._stop.is_set():
+            name = names[turn % len(names)]
+            turn += 1
+            request = self.complete(name)
+            with self._lock:
+                self._requests.append(request)
+            if request.outcome == "refused":
+                time.sleep(0.05)  # a refusal comes back at once: do not spin on a host that is down
+
+    def complete(self, name: str) -> Request:
+        url = urllib.parse.urlsplit(self.endpoints[name])
+        body = json.dumps({"model": self.model, "prompt": "Hello", "max_tokens": self.max_tokens,
+                           "stream": True, "ignore_eos": True, "temperature": 0})
+        started = time.monotonic()
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=self.request_timeout)
+        tokens, began = 0, False
+        try:
+            connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            if answer.status != 200:
+                text = answer.read(300).decode(errors="replace")
+                return Request(name, started, time.monotonic(), "refused", f"HTTP {answer.status}: {text}")
+            began = True
+            while True:
+                line = answer.readline()
+                if not line:
+                    return Request(name, started, time.monotonic(), "broken", "the stream ended without [DONE]", tokens)
+                line = line.strip()
+                if line == b"data: [DONE]":
+                    return Request(name, started, time.monotonic(), "ok", tokens=tokens)
+                if line.startswith(b"data: "):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        return Request(name, started, time.monotonic(), "broken", f"error event: {event['error']}", tokens)
+                    tokens += 1
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            outcome = "broken" if began else "refused"
+            return Request(name, started, time.monotonic(), outcome, f"{type(error).__name__}: {error}", tokens)
+        finally:
+            connection.close()
+
+    def _sample(self, name: str) -> None:
+        url = urllib.parse.urlsplit(self.endpoints[name])
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            healthy = False
+            connection = http.client.HTTPConnection(url.hostname, url.port, timeout=self.probe_timeout)
+            try:
+                connection.request("GET", "/health")
+                healthy = connection.getresponse().status == 200
+            except (OSError, http.client.HTTPException):
+                healthy = False
+            finally:
+                connection.close()
+            with self._lock:
+                self._samples[name].append((sent, healthy))
+            self._stop.wait(max(0.0, self.sample_every - (time.monotonic() - sent)))
+
+    # what the clients saw
+
+    def report(self) -> Report:
+        self.stop()
+        with self._lock:
+            requests = sorted(self._requests, key=lambda r: r.started)
+            samples = {name: list(found) for name, found in self._samples.items()}
+        outages = []
+        for name, found in samples.items():
+            began = None
+            for sent, healthy in found:
+                if not healthy and began is None:
+                    began = sent
+                elif healthy and began is not None:
+                    outages.append(Outage(name, began, sent))
+                    began = None
+            if began is not None:
+                outages.append(Outage(name, began, self._ended))
+        report = Report(requests=requests, outages=sorted(outages, key=lambda o: o.began),
+                        samples=sum(len(found) for found in samples.values()),
+                        seconds=self._ended - self._started, hosts=tuple(self.endpoints))
+        report.max_out_at_once = max_overlap(report.outages)
+        return report
+
+
+def max_overlap(outages: list[Outage]) -> int:
+    """The most outages open at one instant (an outage that ends as another begins does not overlap it)."""
+    events = sorted([(o.began, 1) for o in outages] + [(o.ended, -1) for o in outages], key=lambda e: (e[0], e[1]))
+    most = current = 0
+    for _, step in events:
+        current += step
+        most = max(most, current)
+    return most
