@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pyinfra import host, logger, state
 
 from operations import fleet
+from resolve.layout import Layout
 
-ROOT = host.data.get("root") or "/opt/heavylift"
+layout = Layout.of_host(host.data.get("root"))
 # the deployment the site names for this host, to say when it is missing; the host's own folders decide the rest
 expected = host.data.get("deployment") or host.data.get("model")
 want_json = str(host.data.get("json", "")).lower() in ("1", "true", "yes")
 
-found = host.get_fact(fleet.HostState, root=ROOT)
+found = host.get_fact(fleet.HostState, root=layout.root)
 for line in fleet.host_lines(found, host.name, expected):
     logger.info(f"{host.print_prefix}{line}")
 

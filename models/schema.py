@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from resolve.layout import DEFAULT_ROOT
+
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # 7-39 hex digits: an abbreviated commit, which the Hub API does not resolve
@@ -536,7 +538,7 @@ class SiteSettings(Strict):
         description="the address vLLM listens on (--host): an IP address (IPv6 too) or a host name; 0.0.0.0 or :: for "
         "every interface",
     )
-    root: str = Field(default="/opt/heavylift", description="where heavylift keeps runtimes, weights and releases on the host")
+    root: str = Field(default=DEFAULT_ROOT, description="where heavylift keeps runtimes, weights and releases on the host")
     hf_endpoint: str | None = Field(default=None, description="Hub mirror URL (HF_ENDPOINT); the public Hub when unset")
     site_source: SiteSource | None = Field(
         default=None,

@@ -24,6 +24,8 @@ from pydantic import ValidationError
 
 from .catalog import catalog_folder, list_entries, load_entry, unknown_model
 from .errors import HeavyliftConfigError, combine, display_path, explain_error
+from resolve.layout import DEFAULT_ROOT
+
 from .schema import CatalogEntry, SiteSettings, VllmRuntime
 
 if TYPE_CHECKING:
@@ -60,7 +62,7 @@ SITE_HINTS: dict[str, str] = {
     "characters), e.g. deployment=\"kimi-prod\", or remove it to use the model name",
     "port": "set port to a TCP port between 1 and 65535",
     "bind_address": 'set bind_address to an IP address such as "127.0.0.1" or "0.0.0.0", or a host name',
-    "root": 'set root to an absolute folder such as "/opt/heavylift"',
+    "root": f'set root to an absolute folder such as "{DEFAULT_ROOT}"',
     "hf_endpoint": 'set hf_endpoint to the mirror\'s URL, e.g. "http://10.0.0.5:8090", or remove it to use the public Hub',
     "vllm": f"set vllm to a dict such as {EXAMPLE_VLLM} (a release), {{\"nightly\": \"latest\"}} or {{\"nightly\": "
     f"\"<full commit>\"}} (keys: {', '.join(VllmRuntime.model_fields)})",

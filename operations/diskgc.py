@@ -17,11 +17,12 @@ bytes); after the release switch it removes what was ``previous`` until the swit
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass, field
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+
+from resolve.layout import Layout
 
 from .weights import human_bytes
 
@@ -92,7 +93,7 @@ def plan_snapshots(state: dict, name: str, new_snapshot: str, keep: int,
     gone = {s["path"] for s in remove}
     protected_releases = {current, new_release} | ({previous} if not (after_switch and switching) else set())
     releases = tuple(
-        posixpath.join(state["root"], "deployments", name, "releases", r["id"])
+        Layout.of_host(state["root"]).of(name).release(r["id"])
         for r in mine["releases"] if r["snapshot"] in gone and r["id"] not in protected_releases
     )
     return SnapshotPlan(remove, releases, {p: keep_why[p] for p in sorted(keep_why)})

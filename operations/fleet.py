@@ -11,11 +11,11 @@ last readiness gate's figures (``status.json``), GPUs and disk. ``status.py`` pr
 from __future__ import annotations
 
 import json
-import posixpath
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from resolve.address import url_host
+from resolve.layout import Layout
 
 from . import hostpython
 
@@ -32,7 +32,8 @@ class HostState(FactBase):
 
     def command(self, root, light=False):
         # light: no /health request, no nvidia-smi (deploy.py's snapshot collection needs neither)
-        return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script("host_state.py")), QuoteString(root),
+        paths = json.dumps(Layout.of_host(root).host_state_paths(), separators=(",", ":"))
+        return StringCommand(hostpython.PYTHON, "-c", QuoteString(hostpython.script("host_state.py")), QuoteString(paths),
                              *(["--light"] if light else []))
 
     def process(self, output):
@@ -102,7 +103,7 @@ def host_lines(state: dict, host_name: str, expected: str | None = None) -> list
     """The status of one host, one fact per line, for pyinfra's output."""
     lines = []
     if not state["deployments"]:
-        lines.append(f"no deployments under {state['root']}/deployments")
+        lines.append(f"no deployments under {Layout.of_host(state['root']).deployments_dir}")
     for name, deployment in state["deployments"].items():
         lines += deployment_lines(name, deployment, host_name)
     if expected and expected not in state["deployments"]:
@@ -160,10 +161,6 @@ def host_document(state: dict, expected: str | None = None) -> dict:
     return document
 
 
-def deployment_folder(root: str, name: str) -> str:
-    return posixpath.join(root, "deployments", name)
-
-
 class NoRollbackTarget(ValueError):
     """What the operator asked for is not a release this host keeps (said before any change)."""
 
@@ -177,7 +174,8 @@ def rollback_target(state: dict, deployment: str, wanted: str | None) -> dict:
     if found is None:
         names = ", ".join(state["deployments"]) or "none"
         raise NoRollbackTarget(
-            f"deployment {deployment!r} is not on this host (deployments under {state['root']}/deployments: {names}). "
+            f"deployment {deployment!r} is not on this host (deployments under "
+            f"{Layout.of_host(state['root']).deployments_dir}: {names}). "
             "Fix: choose the deployment with --data deployment=<name>."
         )
     kept = {r["id"]: r for r in found["releases"]}

@@ -34,6 +34,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from models.errors import HeavyliftConfigError
 
 from resolve.compat import flag_value
+from resolve.layout import Layout
 
 ALL = "all"
 
@@ -130,7 +131,7 @@ def check(deployment, host_name: str, gpu_count: int, origin) -> None:
     ``origin(key)``: the file that set a site key, named in the message.
     """
     settings, entry = deployment.settings, deployment.entry
-    deployments_dir = posixpath.join(settings.root, "deployments")
+    deployments_dir = Layout.of_host(settings.root).deployments_dir
     found = host.get_fact(HostNeighbours, deployments_dir=deployments_dir)
     launchers = [
         read_launcher(path.split("/", 1)[0], posixpath.join(deployments_dir, path), text)

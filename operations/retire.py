@@ -59,7 +59,7 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
             continue
         for path in set().union(*_uses(deployment)):
             others.setdefault(path, other)
-    layout = Layout(state["root"], name)
+    layout = Layout.of_host(state["root"]).of(name)
     folder = layout.deployment_dir
     remove = [(folder, "releases, overlay, launcher, private secrets, status, logs")]
     keep = []

@@ -11,7 +11,6 @@ Every stage only reads the plan; the host's facts it reads are those its operati
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 from io import StringIO
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
 from resolve import nodes, sitesource as site_source_plan
 from resolve.compat import CPU_PACKAGES, HostResources
+from resolve.layout import Layout
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
 from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
@@ -89,10 +89,10 @@ def planned() -> tuple[Plan, RunContext]:
 def host_resources(deployment, gpus) -> HostResources:
     """/dev/shm (every host), the memory others hold on the GPUs (hosts with GPUs) and the GPU topology (hosts with
     several): the facts the tensor parallel preflights judge (resolve/compat.py, docs/tp-preflights.md)."""
-    root = deployment.settings.root
+    deployments_dir = Layout.of_host(deployment.settings.root).deployments_dir
     return HostResources(
         shm=host.get_fact(DevShm),
-        gpu_use=host.get_fact(NvidiaGpuUse, deployments_dir=posixpath.join(root, "deployments")) if gpus.count else None,
+        gpu_use=host.get_fact(NvidiaGpuUse, deployments_dir=deployments_dir) if gpus.count else None,
         topology=host.get_fact(NvidiaTopology) if gpus.count > 1 else None,
         deployment=deployment.name,
         # vLLM's CPU build binds each rank to CPUs (rule cpu-tp-thread-bind); a GPU build does not need them
@@ -132,7 +132,7 @@ def runtime_converged(plan):
     files.put(
         name="resolution (rules that fired, as JSON)",
         src=StringIO(plan.resolution_json()),
-        dest=f"{layout.deployment_dir}/resolution.json",
+        dest=layout.resolution_file,
         # the folder comes from the operation above; pyinfra stops a dry run's change detection (and its
         # diff) at the first command, which would be the folder's mkdir on a fresh host (pyinfra 3.10
         # api/operation.py: `for _ in command_generator(): ... break`, files.put yields it before the diff)
@@ -152,7 +152,7 @@ def weights_present(plan):
     Returns what the removal planned (the after-switch removal adds to it)."""
     layout, part = plan.layout, plan.weights
     for script in weights.HOST_SCRIPTS:
-        files.put(name=f"heavylift host script {script}", src=f"{weights.SCRIPTS_DIR}/{script}", dest=f"{layout.scripts}/{script}")
+        files.put(name=f"heavylift host script {script}", src=f"{weights.SCRIPTS_DIR}/{script}", dest=layout.script(script))
     files.directory(name="private folder (0700)", path=layout.private_dir, mode="700")
     token_file = None
     if part.token is not None:  # gated repos: the host's download needs the token too
@@ -209,7 +209,7 @@ def overlay_rendered(plan):
         files.template(
             name=f"overlay {filename}",
             src=str(TEMPLATES / f"{filename}.j2"),
-            dest=f"{layout.overlay}/{filename}",
+            dest=layout.overlay_file(filename),
             # readable by the service user: pyinfra's @local connector keeps its temporary file's 0600
             mode="644",
             repo=snapshot.repo,

@@ -18,9 +18,7 @@ download failed, ``--no-wait``) waits ``site_source.wait_seconds`` for it, then 
 
 from __future__ import annotations
 
-import posixpath
 import shlex
-from dataclasses import dataclass
 from io import StringIO
 
 from pydantic import SecretStr
@@ -38,52 +36,7 @@ from . import permissions, secrets, service
 SERVER_SCRIPT = "site_source_server.py"
 FETCH_SCRIPT = "site_fetch.py"
 HOST_SCRIPTS = (SERVER_SCRIPT, FETCH_SCRIPT)
-UNIT = "heavylift-site-source.service"
 TOKEN_ENV = "HEAVYLIFT_SITE_SOURCE_TOKEN"  # site_source_server.py reads the token from its environment
-
-
-@dataclass(frozen=True)
-class SourcePaths:
-    """Where the site source's server keeps its files on the source host."""
-
-    root: str
-
-    @property
-    def folder(self) -> str:
-        return posixpath.join(self.root, "site-source")
-
-    @property
-    def models(self) -> str:
-        return posixpath.join(self.root, "models")
-
-    @property
-    def launcher(self) -> str:
-        return posixpath.join(self.folder, "serve")
-
-    @property
-    def private_dir(self) -> str:
-        return posixpath.join(self.folder, "private")
-
-    @property
-    def env_file(self) -> str:
-        return posixpath.join(self.private_dir, "source.env")
-
-    @property
-    def pidfile(self) -> str:
-        return posixpath.join(self.folder, "run", "serve.pid")
-
-    @property
-    def logfile(self) -> str:
-        return posixpath.join(self.folder, "run", "serve.log")
-
-    @property
-    def unit_path(self) -> str:
-        return posixpath.join("/etc/systemd/system", UNIT)
-
-
-def header_file(layout) -> str:
-    """The curl header file a copying host sends the site's token with (``-H @file``): 0600 in private/."""
-    return posixpath.join(layout.private_dir, "site-source.headers")
 
 
 def fetch_source(source: SourcePlan, headers: str | None) -> dict:
@@ -93,15 +46,14 @@ def fetch_source(source: SourcePlan, headers: str | None) -> dict:
 
 def upload_scripts(layout, scripts_dir: str):
     for script in HOST_SCRIPTS:
-        files.put(name=f"heavylift host script {script}", src=f"{scripts_dir}/{script}",
-                  dest=f"{layout.scripts}/{script}")
+        files.put(name=f"heavylift host script {script}", src=f"{scripts_dir}/{script}", dest=layout.script(script))
 
 
 def copy_token(layout, token: SecretStr | None) -> str | None:
     """On a copying host: the header file with the site's token (the deployment's hf_token), or None."""
     if token is None:
         return None
-    path = header_file(layout)
+    path = layout.site_source_headers
     secrets.env_file(
         name="site source token for the copy (0600, never shown)", path=path,
         content=SecretStr(f"Authorization: Bearer {token.get_secret_value()}\n"),
@@ -113,10 +65,10 @@ def serve(source: SourcePlan, layout, user: str, token: SecretStr | None, templa
     """On the source host: the site source's server running as the service user under systemd or
     start-stop-daemon (``manager``, the plan's: resolve/supervisor.py), restarted when its script, launcher,
     token or unit changed. Returns the service operation, for ``answering``, which every host calls next."""
-    paths = SourcePaths(layout.root)
+    paths = layout.site_source
     # vLLM's stage makes these later; the server needs them first (both operations no-op the second time)
     service.service_user(name=f"service user {user}", user=user, home=layout.service_home)
-    files.directory(name="site source folders", path=posixpath.join(paths.folder, "run"))
+    files.directory(name="site source folders", path=paths.run_dir)
     files.directory(name="site source private folder (0700)", path=paths.private_dir, mode="700")
     # the snapshot, its manifest (what the server reads first) and the server's script; a hardened
     # host's umask makes them root-only (operations/permissions.py)
@@ -124,7 +76,7 @@ def serve(source: SourcePlan, layout, user: str, token: SecretStr | None, templa
         name="site source files readable by the service user",
         trees=[content_dir, content_dir + ".manifest.json", layout.scripts], root=layout.root,
     )
-    script = posixpath.join(layout.scripts, SERVER_SCRIPT)
+    script = layout.script(SERVER_SCRIPT)
     launcher_text = get_template(f"{templates}/site-source.sh.j2").render(
         server_quoted=shlex.quote(script), models=paths.models, models_quoted=shlex.quote(paths.models),
         bind=source.bind_address, bind_quoted=shlex.quote(source.bind_address), port=source.port,
@@ -144,7 +96,7 @@ def serve(source: SourcePlan, layout, user: str, token: SecretStr | None, templa
             models=paths.models, bind=source.bind_address, port=source.port, service_user=user,
             env_file=paths.env_file, launcher=paths.launcher,
         )
-        running = service.systemd_unit(name=f"site source service {UNIT}", unit=UNIT,
+        running = service.systemd_unit(name=f"site source service {paths.unit_name}", unit=paths.unit_name,
                                        dependencies=[*dependencies, unit_file], unit_file_op=unit_file)
     else:
         running = service.daemon(

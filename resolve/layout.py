@@ -1,4 +1,9 @@
-"""Where heavylift keeps things on a host: one place that names every path."""
+"""Where heavylift keeps things on a host: one place that names every path.
+
+Everything else asks a ``Layout``: the stages (operations/rollout.py), the operator commands (status.py,
+rollback.py, retire.py), the site source, and the host scripts, which get their paths as arguments
+(``host_state_paths`` for scripts/host_state.py).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,28 @@ def spec_id(spec: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+# the site's ``root`` when it sets none (models/schema.py SiteSettings.root)
+DEFAULT_ROOT = "/opt/heavylift"
+SYSTEMD_UNITS = "/etc/systemd/system"
+# stand for a deployment's name, a release id and a snapshot's repo and commit in the paths scripts/host_state.py
+# is given (it finds the deployments, releases and snapshots itself)
+NAME, RELEASE, REPO, COMMIT = "{name}", "{release}", "{repo}", "{commit}"
+
+
 @dataclass(frozen=True)
 class Layout:
     root: str
-    deployment: str
+    deployment: str = ""  # empty: the host's paths only (status.py, retire.py before they know a deployment)
     uv_cache_dir: str | None = None
+
+    @classmethod
+    def of_host(cls, root: str | None) -> Layout:
+        """The host's paths under the site's ``root``, the default where the site sets none."""
+        return cls(root or DEFAULT_ROOT)
+
+    def of(self, deployment: str) -> Layout:
+        """The same host's paths for one deployment."""
+        return Layout(self.root, deployment, self.uv_cache_dir)
 
     @property
     def uv(self) -> str:
@@ -44,16 +66,31 @@ class Layout:
     def deployments_dir(self) -> str:
         return posixpath.join(self.root, "deployments")
 
+    @property
+    def models_dir(self) -> str:
+        return posixpath.join(self.root, "models")
+
     def content(self, repo: str, commit: str) -> str:
         # pristine download: written by huggingface_hub only, never edited by heavylift
-        return posixpath.join(self.root, "models", repo.replace("/", "--"), commit)
+        return posixpath.join(self.models_dir, repo.replace("/", "--"), commit)
 
     def manifest(self, repo: str, commit: str) -> str:
         return self.content(repo, commit) + ".manifest.json"
 
     @property
     def deployment_dir(self) -> str:
-        return posixpath.join(self.root, "deployments", self.deployment)
+        return posixpath.join(self.deployments_dir, self.deployment)
+
+    @property
+    def resolution_file(self) -> str:
+        # the rules that fired on the last run, and the host's GPUs (JSON)
+        return posixpath.join(self.deployment_dir, "resolution.json")
+
+    def overlay_file(self, name: str) -> str:
+        return posixpath.join(self.overlay, name)
+
+    def script(self, name: str) -> str:
+        return posixpath.join(self.scripts, name)
 
     @property
     def overlay(self) -> str:
@@ -97,7 +134,7 @@ class Layout:
 
     @property
     def unit_path(self) -> str:
-        return posixpath.join("/etc/systemd/system", self.unit_name)
+        return posixpath.join(SYSTEMD_UNITS, self.unit_name)
 
     # --- releases, status, lock (operations/release.py, readiness.py, hostlock.py)
 
@@ -108,6 +145,12 @@ class Layout:
     def release(self, release_id: str) -> str:
         # a release: its own launcher, a link to its venv and a copy of its overlay
         return posixpath.join(self.releases, release_id)
+
+    def release_launcher(self, release_id: str) -> str:
+        return posixpath.join(self.release(release_id), "serve")
+
+    def release_venv(self, release_id: str) -> str:
+        return posixpath.join(self.release(release_id), "venv")
 
     @property
     def current(self) -> str:
@@ -140,4 +183,74 @@ class Layout:
 
     @property
     def probe_script(self) -> str:
-        return posixpath.join(self.scripts, "readiness_probe.py")
+        return self.script("readiness_probe.py")
+
+    # --- the site source (operations/sitesource.py): its server's files on the source host, its token on the others
+
+    @property
+    def site_source(self) -> SiteSourceLayout:
+        return SiteSourceLayout(self.root)
+
+    @property
+    def site_source_headers(self) -> str:
+        # the curl header file a copying host sends the site's token with (``-H @file``): 0600 in private/
+        return posixpath.join(self.private_dir, "site-source.headers")
+
+    # --- scripts/host_state.py reads every deployment of the host: their paths, NAME standing for each one's name
+
+    def host_state_paths(self) -> dict:
+        each = self.of(NAME)
+        return {
+            "root": self.root, "deployments": self.deployments_dir, "models": self.models_dir, "venvs": self.venvs_dir,
+            # REPO is the repository's folder name: its "/" made "--" (``content``)
+            "content": self.content(REPO, COMMIT), "deployment": each.deployment_dir, "releases": each.releases,
+            "release_launcher": each.release_launcher(RELEASE), "release_venv": each.release_venv(RELEASE),
+            "current": each.current,
+            "previous": each.previous, "launcher": each.launcher, "active_venv": each.active_venv,
+            "status": each.status_file, "pidfile": each.pidfile, "logfile": each.logfile, "unit": each.unit_path,
+            "unit_name": each.unit_name,
+        }
+
+
+@dataclass(frozen=True)
+class SiteSourceLayout:
+    """Where the site source's server keeps its files on the source host (the snapshots are the host's own)."""
+
+    root: str
+    unit_name: str = "heavylift-site-source.service"
+
+    @property
+    def folder(self) -> str:
+        return posixpath.join(self.root, "site-source")
+
+    @property
+    def models(self) -> str:
+        return Layout(self.root).models_dir
+
+    @property
+    def launcher(self) -> str:
+        return posixpath.join(self.folder, "serve")
+
+    @property
+    def run_dir(self) -> str:
+        return posixpath.join(self.folder, "run")
+
+    @property
+    def private_dir(self) -> str:
+        return posixpath.join(self.folder, "private")
+
+    @property
+    def env_file(self) -> str:
+        return posixpath.join(self.private_dir, "source.env")
+
+    @property
+    def pidfile(self) -> str:
+        return posixpath.join(self.run_dir, "serve.pid")
+
+    @property
+    def logfile(self) -> str:
+        return posixpath.join(self.run_dir, "serve.log")
+
+    @property
+    def unit_path(self) -> str:
+        return posixpath.join(SYSTEMD_UNITS, self.unit_name)

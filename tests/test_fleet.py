@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from operations import diskgc, fleet, retire
+from resolve.layout import Layout
 
 SCRIPT = Path(__file__).resolve().parent.parent / "operations" / "scripts" / "host_state.py"
 C1, C2, C3 = ("1" * 40, "2" * 40, "3" * 40)
@@ -54,7 +55,9 @@ def links(root: Path, deployment: str, current: str, previous: str | None = None
 
 
 def host_state(root: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), str(root)], capture_output=True, text=True)
+    # the paths as the HostState fact gives them (resolve/layout.py Layout.host_state_paths)
+    paths = json.dumps(Layout.of_host(str(root)).host_state_paths())
+    done = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), paths], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

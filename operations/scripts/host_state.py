@@ -1,9 +1,11 @@
 """heavylift's view of one host, read-only: every deployment under <root>/deployments/, its releases,
 service, last readiness gate, the snapshots and venvs they use, GPUs and disk. Prints one JSON object.
 
-    python3 host_state.py ROOT [--light]
+    python3 host_state.py PATHS [--light]
 
-Run by the ``HostState`` fact (operations/fleet.py) as ``python3 -c <this file> ROOT``: nothing is
+PATHS: every path it reads, as JSON (resolve/layout.py ``Layout.host_state_paths``); ``{name}``, ``{release}``,
+``{repo}`` and ``{commit}`` in them stand for each deployment, release and snapshot found.
+Run by the ``HostState`` fact (operations/fleet.py) as ``python3 -c <this file> PATHS``: nothing is
 uploaded, nothing written, so ``status.py`` changes nothing on a host. Standard library only.
 It reads what heavylift itself wrote: the ``current``/``previous`` links, each release's launcher
 header ("# Starts vLLM for deployment NAME (REPO@COMMIT).") and its ``venv`` link, the venv's
@@ -22,6 +24,19 @@ import time
 ERROR_LINE = re.compile(r"\berror\b|\w+(Error|Exception):|Permission denied|Failed to execute", re.IGNORECASE)
 HEADER = re.compile(r"\(([^@\s()]+)@([0-9a-f]{40})\)")
 RELEASE_IN_ARGV = re.compile(r"/releases/([0-9a-f]{12})/")
+
+
+class Paths:
+    """The paths this script was given: ``paths("pidfile", name="kimi")``."""
+
+    def __init__(self, given):
+        self.given = given
+
+    def __call__(self, key, **values):
+        path = self.given[key]
+        for placeholder, value in values.items():
+            path = path.replace("{" + placeholder + "}", value)
+        return path
 
 
 def read(path, limit=None):
@@ -73,12 +88,12 @@ def venv_build(venv_path):
     return package.replace("==", " ", 1)
 
 
-def snapshot_of(root, model):
+def snapshot_of(paths, model):
     """The content folder of 'repo@commit' (resolve/layout.py Layout.content)."""
     if not model:
         return None
     repo, _, commit = model.partition("@")
-    return os.path.join(root, "models", repo.replace("/", "--"), commit)
+    return paths("content", repo=repo.replace("/", "--"), commit=commit)
 
 
 def process_tree(pid):
@@ -149,13 +164,13 @@ def last_error(text):
     return None
 
 
-def service_state(root, name, deployment_dir, systemd):
+def service_state(paths, name, systemd):
     """manager, state (active, starting, restarting, failed, stopped, absent), pid, last error line.
 
     The supervisor is read back, not chosen: planning chose it when the deployment was deployed
     (resolve/supervisor.py), and a deploy writes the unit file only where it chose systemd."""
-    unit = f"heavylift-{name}.service"
-    if systemd and os.path.exists(f"/etc/systemd/system/{unit}"):
+    unit, unit_path = paths("unit_name", name=name), paths("unit", name=name)
+    if systemd and os.path.exists(unit_path):
         shown = run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
                      "-p", "NRestarts", "-p", "Result", "-p", "UnitFileState", unit]) or ""
         props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
@@ -175,10 +190,10 @@ def service_state(root, name, deployment_dir, systemd):
         return {"manager": "systemd", "unit": unit, "state": state, "detail": f"{active} ({sub})",
                 "pid": pid, "restarts": int(props.get("NRestarts", "0") or 0), "enabled": props.get("UnitFileState"),
                 "last_error": last_error(journal)}
-    if os.path.exists(f"/etc/systemd/system/{unit}"):  # a unit, but no systemd running it now
+    if os.path.exists(unit_path):  # a unit, but no systemd running it now
         return {"manager": "systemd", "unit": unit, "state": "stopped", "detail": "systemd is not running",
                 "pid": None, "last_error": None}
-    pidfile = os.path.join(deployment_dir, "run", "serve.pid")
+    pidfile = paths("pidfile", name=name)
     text = read(pidfile)
     if text is None:
         return {"manager": "fallback", "state": "stopped", "detail": "no pidfile", "pid": None, "last_error": None}
@@ -187,7 +202,7 @@ def service_state(root, name, deployment_dir, systemd):
     except (ValueError, IndexError):
         pid = None
     running = pid is not None and alive(pid)
-    log = read(os.path.join(deployment_dir, "run", "serve.log"), limit=256_000)
+    log = read(paths("logfile", name=name), limit=256_000)
     return {"manager": "fallback", "state": "active" if running else "failed",
             "detail": f"pid {pid} running" if running else f"pid {pid} in {pidfile} is gone; nothing restarts it",
             "pid": pid, "last_error": None if running else last_error(log)}
@@ -235,13 +250,13 @@ def disk(path):
     return {"path": path, "free_bytes": info.f_bavail * info.f_frsize, "total_bytes": info.f_blocks * info.f_frsize}
 
 
-def snapshots(root):
+def snapshots(paths):
     found = []
-    models = os.path.join(root, "models")
+    models = paths("models")
     for repo_dir in sorted(os.listdir(models)) if os.path.isdir(models) else []:
         folder = os.path.join(models, repo_dir)
         for commit in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            path = os.path.join(folder, commit)
+            path = paths("content", repo=repo_dir, commit=commit)
             if not re.fullmatch(r"[0-9a-f]{40}", commit) or not os.path.isdir(path):
                 continue
             manifest = read(path + ".manifest.json")
@@ -262,58 +277,57 @@ def snapshots(root):
     return found
 
 
-def deployment(root, name, systemd, gpu_apps, light=False):
-    folder = os.path.join(root, "deployments", name)
+def deployment(paths, name, systemd, gpu_apps, light=False):
     releases = []
-    releases_dir = os.path.join(folder, "releases")
+    releases_dir = paths("releases", name=name)
     for rid in os.listdir(releases_dir) if os.path.isdir(releases_dir) else []:
         path = os.path.join(releases_dir, rid)
         if rid.endswith(".tmp") or not os.path.isdir(path):
             continue
-        facts = launcher_facts(os.path.join(path, "serve"))
-        venv = link(os.path.join(path, "venv"))
+        facts = launcher_facts(paths("release_launcher", name=name, release=rid))
+        venv = link(paths("release_venv", name=name, release=rid))
         releases.append({"id": rid, "mtime": int(os.lstat(path).st_mtime), "model": facts["model"],
-                         "snapshot": snapshot_of(root, facts["model"]), "venv": venv, "vllm": venv_build(venv),
+                         "snapshot": snapshot_of(paths, facts["model"]), "venv": venv, "vllm": venv_build(venv),
                          "host": facts["host"], "port": facts["port"], "gpus": facts["gpus"],
                          "served_model_name": facts["served_model_name"]})
     releases.sort(key=lambda r: (-r["mtime"], r["id"]))
-    status_text = read(os.path.join(folder, "status.json"))
+    status_text = read(paths("status", name=name))
     try:
         status = json.loads(status_text) if status_text else None
     except ValueError:
         status = None
-    staging = launcher_facts(os.path.join(folder, "serve"))
-    staging_venv = link(os.path.join(folder, "venv"))
-    service = service_state(root, name, folder, systemd)
+    staging = launcher_facts(paths("launcher", name=name))
+    staging_venv = link(paths("active_venv", name=name))
+    service = service_state(paths, name, systemd)
     if service.get("pid") and alive(service["pid"]):
         cmdline = (read(f"/proc/{service['pid']}/cmdline") or "").replace("\0", " ")
         found = RELEASE_IN_ARGV.search(cmdline)
         service["running_release"] = found.group(1) if found else None
         tree = process_tree(service["pid"])
         service["gpu_memory_mib"] = sum(used for pid, used in gpu_apps.items() if pid in tree) if gpu_apps else None
-    current = (link(os.path.join(folder, "current")) or "").rsplit("/", 1)[-1] or None
+    current = (link(paths("current", name=name)) or "").rsplit("/", 1)[-1] or None
     serving = next((r for r in releases if r["id"] == current), None) or {}
     service["health"] = health(serving.get("host") or staging["host"], serving.get("port") or staging["port"]) \
         if service["state"] in ("active", "starting", "restarting") and not light else None
     return {
         "current": current,
-        "previous": (link(os.path.join(folder, "previous")) or "").rsplit("/", 1)[-1] or None,
+        "previous": (link(paths("previous", name=name)) or "").rsplit("/", 1)[-1] or None,
         "releases": releases,
-        "staging": {"model": staging["model"], "snapshot": snapshot_of(root, staging["model"]), "venv": staging_venv},
+        "staging": {"model": staging["model"], "snapshot": snapshot_of(paths, staging["model"]), "venv": staging_venv},
         "status": status,
         "service": service,
     }
 
 
-def main(root, light=False):
+def main(paths, light=False):
     """light: no /health request and no nvidia-smi (what deploy.py's disk collection needs)."""
-    root = root.rstrip("/") or "/"
+    root = paths("root").rstrip("/") or "/"
     systemd = os.path.isdir("/run/systemd/system")
     gpu_list, gpu_apps = gpus() if not light else (None, {})
-    deployments_dir = os.path.join(root, "deployments")
+    deployments_dir = paths("deployments")
     names = sorted(n for n in os.listdir(deployments_dir) if os.path.isdir(os.path.join(deployments_dir, n))) \
         if os.path.isdir(deployments_dir) else []
-    venvs_dir = os.path.join(root, "venvs")
+    venvs_dir = paths("venvs")
     venvs = []
     for name in sorted(os.listdir(venvs_dir)) if os.path.isdir(venvs_dir) else []:
         path = os.path.join(venvs_dir, name)
@@ -327,11 +341,11 @@ def main(root, light=False):
         "systemd": systemd,
         "disk": disk(root),
         "gpus": gpu_list,
-        "snapshots": snapshots(root),
+        "snapshots": snapshots(paths),
         "venvs": venvs,
-        "deployments": {name: deployment(root, name, systemd, gpu_apps, light) for name in names},
+        "deployments": {name: deployment(paths, name, systemd, gpu_apps, light) for name in names},
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], light="--light" in sys.argv[2:])))
+    print(json.dumps(main(Paths(json.loads(sys.argv[1])), light="--light" in sys.argv[2:])))
