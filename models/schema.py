@@ -299,7 +299,7 @@ class CatalogEntry(Strict):
         suffix = ".gguf" if self.format == "gguf" else ".safetensors"
         if not any(suffix in pattern or pattern.endswith("*") for pattern in self.hub.allow_patterns):
             raise ValueError(f"format is {self.format!r} but no hub.allow_patterns entry matches {suffix} files")
-        # GGUF files carry no Hugging Face tokenizer: vLLM takes it from the base repo (FACTS, vllm-gguf-plugin)
+        # GGUF files carry no Hugging Face tokenizer: vLLM takes it from the base repo (docs/field-notes.md, "GGUF")
         if self.format == "gguf" and not any(arg.split("=", 1)[0] == "--tokenizer" for arg in self.serve.extra_args):
             raise ValueError("format is 'gguf' but serve.extra_args does not name the tokenizer repo (--tokenizer)")
         return self

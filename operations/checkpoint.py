@@ -2,8 +2,8 @@
 
 vLLM is pointed at the overlay, so the download stays byte-for-byte what the Hub
 served and a patch is undone by rendering the overlay again without it.
-``--hf-overrides`` is not used for this: it replaces dict-valued keys whole (FACTS,
-vLLM 0.16-0.34 ``vllm/config/model.py``), so removing one key of
+``--hf-overrides`` is not used for this: it replaces dict-valued keys whole (vLLM
+``vllm/config/model.py`` ``ModelConfig._apply_dict_overrides``; docs/field-notes.md), so removing one key of
 ``quantization_config`` would mean repeating the whole dict.
 """
 

@@ -2,7 +2,7 @@
 
 vLLM binds its port before the engine has loaded and answers only once the model is
 ready, so connections are refused or hang for minutes: the probe polls with short timeouts
-(FACTS, vLLM serving; ``/health`` answers 503 when the engine is dead). The probe runs on
+(docs/field-notes.md, "Serving"; ``/health`` answers 503 when the engine is dead). The probe runs on
 the host (``scripts/readiness_probe.py``) and reads the API key from the environment file
 there, so the key is never in an argument list or in pyinfra's output.
 

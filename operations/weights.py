@@ -5,7 +5,8 @@ Rules encoded here (huggingface_hub 2.4.0):
   ``<local_dir>/.cache/huggingface/``; with a full 40-hex revision it skips files it has
   (huggingface_hub/_snapshot_download.py, _local_folder.py).
 - Fresh downloads are only size-checked by the client, so heavylift hashes every file
-  before it writes the manifest (FACTS: "Fresh downloads are only size-checked").
+  before it writes the manifest (huggingface_hub/file_download.py ``http_get`` compares the
+  size only; docs/field-notes.md, "Hugging Face Hub").
 - A file being downloaded into ``local_dir`` is written to a partial file
   ``<local_dir>/.cache/huggingface/download/<dir>/<hash>.<etag>.incomplete``
   (huggingface_hub/_local_folder.py ``incomplete_path``) and renamed into place when complete;

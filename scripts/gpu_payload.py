@@ -46,7 +46,7 @@ HUB_CLIENT = "huggingface_hub==2.4.0"
 # reused from the host's own Python (the GPU image's CUDA build of torch): vllm.host_packages
 HOST_PACKAGES = ["torch", "torchvision", "torchaudio", "triton"]
 # vLLM 0.26.0 requirements that serving a dense or MLA text model does not import; kept out of the
-# wheelhouse and out of the install (vllm.exclude_packages). Measured: shared/gpu/README.md (vLLM
+# wheelhouse and out of the install (vllm.exclude_packages). Measured: docs/gpu-proof.md (vLLM
 # 0.26.0 served a dense Llama on an H200 without them). opencv/numba/llvmlite: image and n-gram
 # speculative decoding paths only (the GPU image has its own copies on the host path).
 EXCLUDED = [

@@ -1,7 +1,7 @@
 """
 A test host with a real systemd as its PID 1, reachable by real SSH, on this one machine.
 
-The recipe (../shared/FACTS.md, "Real systemd for tests"), and the only way this project ever
+The recipe (docs/testing.md, "A real systemd for tests"), and the only way this project ever
 starts a systemd manager outside a VM:
 
 1. A cgroup of our own is made in every cgroup hierarchy this machine has mounted, below the
@@ -259,7 +259,7 @@ def check_machine_cgroups(before: dict[str, dict[str, str]]) -> None:
     after = machine_cgroups()
     if after != before:
         raise RuntimeError(
-            "A systemd test host changed this machine's cgroups (never to happen, see FACTS.md):\n"
+            "A systemd test host changed this machine's cgroups (never to happen, see docs/testing.md):\n"
             f"before: {before}\nafter: {after}"
         )
 

@@ -22,7 +22,7 @@ KV_KEYS = {
     "config.json": "quantization_config.kv_cache_scheme",
 }
 
-# the pristine Kimi-K2.5-NVFP4 configs, as far as FACTS.md quotes them
+# the pristine Kimi-K2.5-NVFP4 configs, as far as docs/field-notes.md quotes them
 KIMI_HF_QUANT_CONFIG = {
     "producer": {"name": "modelopt"},
     "quantization": {

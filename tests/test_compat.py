@@ -34,7 +34,7 @@ from testbed import gpu_checkpoints, tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).resolve().parent.parent
-NIGHTLY_016 = "0.16.0rc2.dev314+gf72061a19"  # the Kimi rollout's build (FACTS)
+NIGHTLY_016 = "0.16.0rc2.dev314+gf72061a19"  # the Kimi rollout's build (docs/field-notes.md, docs/compatibility.md)
 
 
 def gpus(case: str) -> GpuInventory:
@@ -57,7 +57,7 @@ KIMI = model_features(
     load_entry("kimi-k2.5-nvfp4"),
     config("kimi-k2.5-nvfp4.config.json"),
     config("kimi-k2.5-nvfp4.hf_quant_config.json"),
-    weight_bytes=590 * 10**9,  # the top of FACTS' 540-590 GB
+    weight_bytes=590 * 10**9,  # the top of the 540-590 GB in docs/field-notes.md
 )
 GLM5_GGUF = model_features(load_entry("glm-5"), config("glm-5.config.json"), None, weight_bytes=400 * 10**9)
 # a safetensors sparse-MLA checkpoint (GLM-5 FP8 shape): the route the glm-5 entry's fix names
@@ -370,7 +370,7 @@ def test_rules_carry_their_metadata():
     [
         (NIGHTLY_016, "<0.18", True),
         (NIGHTLY_016, ">=0.16.0rc0,<0.17", True),
-        (NIGHTLY_016, ">=0.16", False),  # the PEP 440 trap FACTS describes: a 0.16 nightly sorts below 0.16
+        (NIGHTLY_016, ">=0.16", False),  # the PEP 440 trap (docs/field-notes.md): a 0.16 nightly sorts below 0.16
         ("0.18.0rc1", "<0.18", True),  # packaging's own SpecifierSet says False here ...
         ("0.18.0rc1", ">=0.18", False),  # ... and here: the build would fall in no range
         ("0.18.0.dev5", "<0.18", True),

@@ -79,6 +79,6 @@ def test_the_lent_h200_images_torch_fits_vllm_0_26_and_not_0_27():
     host = {"python": seen["python"], "packages": packages}
     requires = (H200 / "vllm-0.26.0-requires.txt").read_text().splitlines()  # vllm 0.26.0's wheel METADATA
     assert venvs.host_torch_mismatch(requires, host, "vllm 0.26.0") is None
-    # vLLM 0.27+ pins torch 2.13.0 (FACTS: torch pins per release)
+    # vLLM 0.27+ pins torch 2.13.0 (docs/field-notes.md, "Torch pins of vLLM releases")
     newer = [line.replace("torch==2.11.0", "torch==2.13.0") for line in requires]
     assert "pins torch==2.13.0" in venvs.host_torch_mismatch(newer, host, "vllm 0.28.0")

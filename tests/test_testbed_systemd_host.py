@@ -1,5 +1,5 @@
 """The systemd test host itself: systemd is PID 1 of its own namespaces, reached over real SSH,
-kept in a cgroup of ours, and gone without a trace when stopped (FACTS.md, "Real systemd for tests")."""
+kept in a cgroup of ours, and gone without a trace when stopped (docs/testing.md, "A real systemd for tests")."""
 
 import os
 import subprocess

@@ -1,6 +1,6 @@
 """vLLM build resolution and the nightly-index traps, reproduced with real uv against local indexes.
 
-Each trap from shared/FACTS.md ("What the operators learned about installing vLLM nightly") is a
+Each trap from docs/field-notes.md ("Installing vLLM builds") is a
 pair: the naive command an operator would type fails or installs the wrong build; the install
 heavylift computes (resolve.vllm_build.resolve + operations.runtime.install_arguments) gets
 exactly the build asked for. The indexes are tiny fake wheels laid out like wheels.vllm.ai and

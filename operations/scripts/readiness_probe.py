@@ -10,8 +10,8 @@
         went from this start's lines of vLLM's log (startup()); prints one JSON line.
 
 vLLM binds its port before the engine has loaded and only answers once the model is ready:
-connections are refused or hang for minutes, so each poll has a short timeout (FACTS, vLLM
-serving). /health needs no API key; /v1/* does when VLLM_API_KEY is set (vLLM 0.32
+connections are refused or hang for minutes, so each poll has a short timeout (docs/field-notes.md,
+"Serving"). /health needs no API key; /v1/* does when VLLM_API_KEY is set (vLLM 0.32
 entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX). The key is read from the
 environment file on the host, never from the command line.
 """
