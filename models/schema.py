@@ -191,10 +191,6 @@ class HubSource(Strict):
             raise ValueError("an empty pattern")
         return value
 
-    @property
-    def is_pinned(self) -> bool:
-        return bool(FULL_SHA.match(self.revision))
-
 
 class JsonPatch(Strict):
     """A patch of one checkpoint JSON file: keys to remove and keys to set, as dotted paths."""

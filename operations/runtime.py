@@ -478,10 +478,6 @@ def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep
         )
 
 
-def shell_join(args: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)
-
-
 class WheelhouseCopy(FactBase):
     """The host's copy of an uploaded wheelhouse: {"record": its RECORD (resolve/wheelhouse.py), "wheels":
     {name: [size, mtime in whole seconds]}}; one ``find``, nothing hashed."""

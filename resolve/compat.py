@@ -187,12 +187,6 @@ def version_matches(version: str | Version, spec: str) -> bool:
     return True
 
 
-def release_series(version: str) -> tuple[int, int]:
-    """(major, minor) of a build: 0.16.0rc2.dev314+gf72061a19 is a 0.16 build."""
-    release = Version(version).release + (0,)
-    return release[0], release[1]
-
-
 def _bounds(spec: str) -> list[Version]:
     return [Version(s.version) for s in SpecifierSet(spec) if not s.version.endswith(".*")]
 

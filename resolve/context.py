@@ -84,11 +84,6 @@ class RunContext:
     lock_file: Path = Path("heavylift.lock.json")
     until: Until = "serve"
 
-    @property
-    def switches(self) -> bool:
-        """Whether this run switches `current`, restarts the service and runs the readiness gate."""
-        return self.until == "serve"
-
     @classmethod
     def build(
         cls, cwd: str | os.PathLike, argv: Sequence[str] = (), diff: bool = False, data: Mapping[str, Any] | None = None,

@@ -98,10 +98,6 @@ class GpuInventory:
         known = [gpu.memory_mib for gpu in self.gpus if gpu.memory_mib is not None]
         return min(known) if known and len(known) == len(self.gpus) else None
 
-    @property
-    def total_memory_gib(self) -> float:
-        return round(sum(gpu.memory_mib or 0 for gpu in self.gpus) / 1024, 1)
-
     def summary(self) -> str:
         """One line for logs and refusals, e.g. '8x NVIDIA RTX PRO 6000 ... (sm120, 95.6 GiB each), driver ..., CUDA 13.0'."""
         if not self.gpus:
@@ -365,10 +361,6 @@ class Topology:
             count = f"all {pairs} pairs" if len(found) == pairs else f"{len(found)} of {pairs} pairs"
             parts.append(f"{kind} ({meaning}) between {count}")
         return f"GPUs {_span(chosen)}: " + "; ".join(parts)
-
-    @property
-    def nvlink_everywhere(self) -> bool:
-        return bool(self.links) and all(kind.startswith("NV") for kind in self.links.values())
 
     def to_json(self) -> dict:
         return {"links": {f"{a}-{b}": kind for (a, b), kind in sorted(self.links.items()) if a < b},

@@ -35,10 +35,6 @@ class Snapshot:
     commit: str
     files: tuple[HubFile, ...]
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
 
 def matches(path: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(path, pattern) for pattern in patterns)

@@ -71,10 +71,6 @@ class NodeRole:
     def nnodes(self) -> int:
         return len(self.nodes)
 
-    @property
-    def peers(self) -> tuple[str, ...]:
-        return tuple(name for name in self.nodes if name != self.host)
-
     def launcher_args(self) -> list[str]:
         """The vLLM flags of this node (after the model and the site's own)."""
         args = [

@@ -140,46 +140,6 @@ class Plan:
     # as one unit (operations/nodegroup.py); empty for a host serving on its own
     group: tuple[str, ...] = ()
 
-    @property
-    def snapshot(self) -> Snapshot:
-        return self.weights.snapshot
-
-    @property
-    def build(self) -> vllm_build.Build:
-        return self.runtime.build
-
-    @property
-    def hub_venv(self) -> VenvPlan:
-        return self.runtime.hub_venv
-
-    @property
-    def vllm_venv(self) -> VenvPlan:
-        return self.runtime.vllm_venv
-
-    @property
-    def rendered(self) -> dict[str, str]:
-        return self.overlay.rendered
-
-    @property
-    def pristine(self) -> dict[str, str]:
-        return self.overlay.pristine
-
-    @property
-    def link_names(self) -> list[str]:
-        return list(self.overlay.link_names)
-
-    @property
-    def served_model_name(self) -> str:
-        return self.gate.model
-
-    @property
-    def probe_url(self) -> str:
-        return self.gate.url
-
-    @property
-    def endpoint(self) -> str:
-        return self.gate.endpoint
-
     def resolution_json(self) -> str:
         """resolution.json: the host's GPUs and what the rules decided."""
         return json.dumps({"gpus": self.gpus.to_json(), **self.resolution.to_json()}, indent=2, sort_keys=True) + "\n"

@@ -20,7 +20,6 @@ from resolve.compat import (
     STRIP_KV_CACHE_QUANT,
     Requested,
     flag_value,
-    release_series,
     resolve,
     rules_markdown,
     version_matches,
@@ -385,11 +384,6 @@ def test_rules_carry_their_metadata():
 )
 def test_version_matches(version, spec, expected):
     assert version_matches(version, spec) is expected
-
-
-def test_release_series_of_a_nightly():
-    assert release_series(NIGHTLY_016) == (0, 16)
-    assert release_series("0.34.0") == (0, 34)
 
 
 def test_prerelease_at_a_boundary_is_named():

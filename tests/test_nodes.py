@@ -38,7 +38,6 @@ def test_leader_and_headless_worker_flags():
     leader, worker = roles["node0"], roles["node1"]
     assert (leader.is_leader, worker.is_leader) == (True, False)
     assert leader.nodes == worker.nodes == ("node0", "node1")
-    assert worker.peers == ("node0",)
     common = ["--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2"]
     assert leader.launcher_args() == [*common, "--node-rank", "0", "--master-addr", "10.200.0.11", "--master-port", "29501"]
     assert worker.launcher_args() == [

@@ -28,14 +28,12 @@ def test_nvlink_box_every_pair_over_nv18():
     assert len(TOPO_NVLINK.links) == 8 * 7
     assert TOPO_NVLINK.between(range(8)) == {"NV18": [(a, b) for a in range(8) for b in range(a + 1, 8)]}
     assert TOPO_NVLINK.describe(range(8)) == "GPUs 0-7: NV18 (NVLink) between all 28 pairs"
-    assert TOPO_NVLINK.nvlink_everywhere
 
 
 def test_pcie_box_has_no_nvlink():
     kinds = TOPO_PCIE.between(range(8))
     assert {kind: len(pairs) for kind, pairs in kinds.items()} == {"PIX": 4, "NODE": 8, "SYS": 16}
     assert (0, 1) in kinds["PIX"] and (0, 4) in kinds["SYS"] and (0, 2) in kinds["NODE"]
-    assert not TOPO_PCIE.nvlink_everywhere
     assert TOPO_PCIE.describe([0, 1]) == "GPUs 0, 1: PIX (PCIe, at most one bridge) between all 1 pairs"
     assert TOPO_PCIE.describe([0, 1, 2, 3]).startswith("GPUs 0-3: PIX (PCIe, at most one bridge) between 2 of 6 pairs; NODE")
 
