@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pyinfra import host, state
 
-from operations import argtypes, factbatch, oporder, rollout, waves
+from operations import argtypes, factbatch, hostlock, oporder, rollout, waves
 
 # the facts this host's last run read, read again in one round trip each time the run changed the host
 # (operations/factbatch.py): a converged re-run makes one round trip instead of fifty
@@ -34,19 +34,25 @@ plan, context = rollout.planned()
 # the fleet's waves (wave_size / max_unavailable): one size per deployment, checked across the hosts here
 wave_plan = waves.planned(host, context)
 rollout.report_resolution(plan)
-rollout.lock_taken(plan.layout, context)
 
-stale = rollout.runtime_converged(plan)
-host_state, snapshots_before = rollout.weights_present(plan)
-stale += rollout.overlay_rendered(plan)
-stale += rollout.release_staged(plan)
-rollout.readable(plan)
-if plan.until == "serve":
-    # the switch, restart and gate: on every host at once, or wave by wave (wave_size / max_unavailable,
-    # operations/waves.py); a wave is held, untouched, once any host of the run has failed
+
+def rollout_stages():
+    """runtime -> weights -> overlay -> release, then the switch, restart and gate: on every host at once, or
+    wave by wave (wave_size / max_unavailable, operations/waves.py); a wave is held, untouched, once any host
+    of the run has failed."""
+    stale = rollout.runtime_converged(plan)
+    host_state, snapshots_before = rollout.weights_present(plan)
+    stale += rollout.overlay_rendered(plan)
+    stale += rollout.release_staged(plan)
+    rollout.readable(plan)
+    if plan.until != "serve":
+        return
     for wave in waves.rolling(host, state, wave_plan):
         switched = rollout.release_switched(plan, host_state, snapshots_before)
         supervisor, service = rollout.service_running(plan, [*stale, switched])
         gate = rollout.gate_passed(plan, supervisor, [*stale, switched, service])
         rollout.wave_rolled_back(wave_plan, wave, switched, gate)
-rollout.lock_given_back(plan.layout)
+
+
+# one run at a time per host: the lock is taken before the first change and given back after the last
+hostlock.with_lock(host, state, plan.layout.lock, context.dry, rollout_stages)

@@ -150,6 +150,22 @@ def _take_at_first_change(host, state, path: str, generation: int) -> tuple[bool
     return True, said
 
 
+def with_lock(host, state, path: str, dry: bool, steps):
+    """``steps()`` under the host's lock, for every entry point that changes a host (deploy.py, rollback.py,
+    retire.py): ``hold`` before its first operation (taken just before the run's first change, none for a run
+    that changes nothing; a dry run only looks), ``released`` after its last, as the run's last operation (a
+    host whose operation failed gives it back at once). Returns what ``steps`` returns.
+
+    A call, not a ``with`` block: pyinfra breaks ties between operations ready together by the line numbers of
+    the calls that added them (operations/oporder.py), and a ``with`` block's exit counts as the block's first
+    line, so a lock given back there would sort before the block's operations. Here every step's operation is
+    added from the line above ``released``'s (tests/test_entry_points.py)."""
+    hold(host, state, path, dry=dry)
+    done = steps()
+    released(name="deploy lock given back", path=path)
+    return done
+
+
 @operation()
 def released(path: str):
     """

@@ -27,7 +27,7 @@ from resolve.compat import CPU_PACKAGES, HostResources
 from resolve.layout import Layout
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
-from . import checkpoint, diskgc, fleet, hostlock, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
+from . import checkpoint, diskgc, fleet, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
 from .gpu import NvidiaGpus, NvidiaGpuUse, NvidiaTopology
 from .cpus import HostCpus
 from .shm import DevShm
@@ -114,13 +114,6 @@ def report_resolution(plan) -> None:
         logger.warning(f"{host.print_prefix}{warning}")
     for note in plan.resolution.notes:
         logger.info(f"{host.print_prefix}note: {note}")
-
-
-def lock_taken(layout, context) -> None:
-    """One run at a time per host: a second run stops here, naming the holder (operations/hostlock.py).
-    The lock is taken just before the run's first change to the host (none for a run that changes
-    nothing); a dry run only looks at it."""
-    hostlock.hold(host, state, layout.lock, dry=context.dry)
 
 
 def runtime_converged(plan):
@@ -318,9 +311,3 @@ def wave_rolled_back(wave_plan, wave, switched, gate_arguments) -> None:
     if wave is not None:
         waves.rolled_back_with_wave(name="rolled back with its wave", plan=wave_plan, index=wave, switched=switched,
                                     **gate_arguments)
-
-
-def lock_given_back(layout) -> None:
-    """The lock is given back at the end of the run (and by a host whose operation failed, at once):
-    only a run that died leaves it for the next one to recover."""
-    hostlock.released(name="deploy lock given back", path=layout.lock)

@@ -1,0 +1,141 @@
+"""deploy.py, rollback.py and retire.py in a real pyinfra state, as its CLI prepares them: each file run on every
+host with pyinfra's CLI operation order (operations/oporder.py: the line numbers of the calls that added an
+operation), planning replaced by stand-ins. Each takes the host lock before its first operation and gives it
+back as its last (hostlock.with_lock), also in a dry run, and calls its stages in order."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyinfra
+import pyinfra.api.util as pyinfra_util
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.operations import server
+
+from operations import argtypes, factbatch, hostlock, rollout, waves
+from operations.oporder import pyinfra_operation
+from resolve.layout import Layout
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GIVEN_BACK = "deploy lock given back"
+LOCK = "/opt/heavylift/deploy.lock"
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """pyinfra's CLI mode, its operation order restored after the test (the entry points activate ours)."""
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+    monkeypatch.setattr(pyinfra_operation, "get_operation_order_from_stack",
+                        pyinfra_util.get_operation_order_from_stack)
+    monkeypatch.setattr(factbatch, "activate", lambda host: None)
+    monkeypatch.setattr(argtypes, "activate", lambda: True)
+    taken = []
+    monkeypatch.setattr(hostlock, "hold", lambda host, state, path, dry=False: taken.append(
+        (host.name, path, dry, len(host.op_hash_order))))
+    return taken
+
+
+def prepared(deploy_file: str, hosts=("h1", "h2")) -> State:
+    """``deploy_file`` run on every host as pyinfra's CLI prepares a deploy (pyinfra_cli/util.py load_deploy_file)."""
+    state = State(Inventory((list(hosts), {})), Config())
+    state.check_for_changes = False  # no operation runs its commands: none needs a fact of a host
+    state.set_stage(StateStage.Prepare)
+    path = str(REPO_ROOT / deploy_file)
+    state.current_deploy_filename = path
+    code = compile(Path(path).read_text(), path, "exec")
+    for host in state.inventory:
+        with ctx_state.use(state), ctx_host.use(host):
+            exec(code, {"__file__": path, "__name__": "__main__"})
+    return state
+
+
+def names(state: State, op_hashes) -> list[str]:
+    return [" / ".join(sorted(state.get_op_meta(op_hash).names)) for op_hash in op_hashes]
+
+
+def assert_lock_around(state: State, taken: list, dry: bool) -> list[str]:
+    """The lock held on every host before its first operation, given back as every host's last operation, whichever
+    way pyinfra breaks ties (the line numbers of the calls): returns the operations in between."""
+    assert taken == [(host.name, LOCK, dry, 0) for host in state.inventory]
+    order = names(state, state.get_op_order())
+    assert order[-1] == GIVEN_BACK and order.count(GIVEN_BACK) == 1
+    for host in state.inventory:
+        assert names(state, host.op_hash_order)[-1] == GIVEN_BACK
+    # pyinfra sorts operations that are ready together by those line numbers: the lock's is the largest
+    by_lines = sorted(state.op_meta, key=lambda op_hash: state.get_op_meta(op_hash).op_order)
+    assert names(state, by_lines)[-1] == GIVEN_BACK
+    return order[:-1]
+
+
+def stage(label, result=None):
+    """A stand-in stage: one operation named ``label``."""
+    def run(*args, **kwargs):
+        server.shell(name=label, commands=["true"])
+        return result() if callable(result) else result
+    return run
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry"])
+@pytest.mark.parametrize("wave_size", [None, 1], ids=["all-at-once", "waves"])
+def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dry, wave_size):
+    plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="serve")
+    monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=dry)))
+    deployment = SimpleNamespace(name="tiny", settings=SimpleNamespace(wave_size=wave_size, max_unavailable=None,
+                                                                       root="/opt/heavylift"))
+    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves(
+        {"h1": deployment, "h2": deployment}, ["h1", "h2"]))
+    monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
+    for name, label, result in [
+        ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
+        ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
+        ("release_switched", "switch", None), ("service_running", "service", (None, None)),
+        ("gate_passed", "gate", dict), ("wave_rolled_back", "wave rollback", None),
+    ]:
+        monkeypatch.setattr(rollout, name, stage(label, result))
+
+    state = prepared("deploy.py")
+    stages = ["switch", "service", "gate", "wave rollback"]
+    expected = ["runtime", "weights", "overlay", "release", "readable"] + (
+        ["wave 1 of 2 (h1) starts", *stages, "wave 2 of 2 (h2) starts", *stages, "rollout summary (which hosts run what)"]
+        if wave_size else stages)
+    assert assert_lock_around(state, cli, dry) == expected
+
+
+def test_deploy_until_prepare_stops_before_the_switch_and_still_gives_the_lock_back(cli, monkeypatch):
+    plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="prepare")
+    monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
+    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
+    monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
+    for name, label, result in [
+        ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
+        ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
+        ("release_switched", "switch", None),
+    ]:
+        monkeypatch.setattr(rollout, name, stage(label, result))
+    state = prepared("deploy.py")
+    assert assert_lock_around(state, cli, False) == ["runtime", "weights", "overlay", "release", "readable"]
+
+
+def test_with_lock_gives_back_after_the_steps_where_a_with_block_would_not(cli):
+    """Why hostlock.with_lock is a call: the exit of a ``with`` block counts as the block's first line, so an
+    operation added there would carry a smaller order than the block's own (pyinfra breaks ties by it)."""
+    lines = {}
+
+    class Block:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            lines["exit"] = sys._getframe(1).f_lineno
+
+    def block():
+        with Block():
+            lines["body"] = sys._getframe(0).f_lineno
+
+    block()
+    assert lines["exit"] < lines["body"]
