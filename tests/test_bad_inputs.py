@@ -228,13 +228,13 @@ CLI_CASES = [
         "port 70000",
         set_("port", 70000),
         ("{inventory}, host '@local': field 'port': Input should be less than or equal to 65535 (got 70000). "
-         "Fix: set port to a TCP port between 1 and 65535.",),
+         "Fix: set port to the TCP port vLLM listens on (--port): 1 to 65535, default 8000.",),
     ),
     Case(
         "port 0 from --data",
         data_args=("port=0",),
         expect=("--data on the command line, host '@local': field 'port': Input should be greater than or equal to 1 "
-                "(got 0). Fix: set port to a TCP port between 1 and 65535.",),
+                "(got 0). Fix: set port to the TCP port vLLM listens on (--port): 1 to 65535, default 8000.",),
         file="--data on the command line",
     ),
     Case(
@@ -248,14 +248,14 @@ CLI_CASES = [
         "negative tensor_parallel_size in group_data/all.py",
         group_data={"all": "tensor_parallel_size = -1\n"},
         expect=("{group_data}/all.py, host '@local': field 'tensor_parallel_size': "
-                "Input should be greater than or equal to 1 (got -1). Fix: set tensor_parallel_size to the number of GPUs",),
+                "Input should be greater than or equal to 1 (got -1). Fix: set tensor_parallel_size to GPUs one instance is sharded over",),
         file="{group_data}/all.py",
     ),
     Case(
         "download_workers 0 in inline group data",
         group_inline={"download_workers": 0},
         expect=("{inventory}, host '@local' (group 'gpus'): field 'download_workers': "
-                "Input should be greater than or equal to 1 (got 0). Fix: set download_workers to a number",),
+                "Input should be greater than or equal to 1 (got 0). Fix: set download_workers to files of the checkpoint downloaded in parallel: 1 to 64",),
     ),
     Case(
         "malformed YAML in a catalog file",
@@ -970,7 +970,8 @@ HOST_CASES = [
     (set_("max_unavailable", 0), "field 'max_unavailable': 0: at least one host must be allowed out of service"),
     (lambda data: data.update(restart_delay=60, restart_max_delay=30),
      "site.py, host 'gpu1': field 'restart_max_delay': 30 is shorter than restart_delay (60), the first delay it grows "
-     "from. Fix: set restart_max_delay to seconds between 1 and 86400, at least restart_delay (default 300)."),
+     "from. Fix: set restart_max_delay to longest back-off between restarts (RestartMaxDelaySec, systemd 254+); at least "
+     "restart_delay: 1 to 86400, default 300."),
     (set_("restart_delay", 600),  # the default restart_max_delay (300) is then too short too
      "field 'restart_max_delay': 300 is shorter than restart_delay (600)"),
     (lambda data: data.update(wave_size=2, max_unavailable="25%"),
@@ -982,8 +983,8 @@ HOST_CASES = [
      "field 'site_source': Input should be a valid dictionary or instance of SiteSource (got 'gpu1', a string). "
      "Fix: write site_source as a mapping of keys to values; set site_source to a dict naming the host"),
     (set_("site_source", {"host": "gpu1", "port": 0}),
-     "field 'site_source.port': Input should be greater than or equal to 1 (got 0). Fix: set site_source.port to a free "
-     "TCP port between 1 and 65535 (default 8391)"),
+     "field 'site_source.port': Input should be greater than or equal to 1 (got 0). Fix: set site_source.port to the port "
+     "of the site source's server on that host: 1 to 65535, default 8391."),
     (set_("site_source", {"host": "gpu1", "address": "http://10.0.0.5:8391"}),
      "field 'site_source.address': 'http://10.0.0.5:8391' is not an IP address or host name. Fix: set "
      "site_source.address to the IP address or name the other hosts reach the source by"),
@@ -991,7 +992,8 @@ HOST_CASES = [
      "unknown key 'site_source.prot' in 'site_source' (did you mean 'site_source.port'?)"),
     (set_("site_source", {"port": 8391}),
      "site.py, host 'gpu1': field 'site_source.host' is missing. Fix: set site_source.host to the inventory name of "
-     "one host of the site."),
+     "the host that fetches from the Hub (hf_endpoint) and serves the others; it may be a host that already holds the "
+     "verified snapshot."),
     (set_("site_source", {"host": "gpu9"}),
      "site.py, host 'gpu1': field 'site_source.host': 'gpu9' is not a host of this inventory (hosts: gpu1). Fix: name "
      "the host that fetches the checkpoint from the Hub and serves the others."),

@@ -401,7 +401,7 @@ def test_settings_verify_and_disk_margin():
     from pydantic import ValidationError
 
     from models.schema import SiteSettings
-    from models.validate import SITE_HINTS
+    from models.validate import schema_hints
 
     base = {"model": "tiny-llama", "vllm": {"version": "0.34.0"}}
     settings = SiteSettings.model_validate(base)
@@ -410,7 +410,8 @@ def test_settings_verify_and_disk_margin():
     for bad in ({"verify": "sometimes"}, {"disk_margin_gb": -1}, {"disk_margin_gb": True}):
         with pytest.raises(ValidationError):
             SiteSettings.model_validate({**base, **bad})
-    assert "verify" in SITE_HINTS and "disk_margin_gb" in SITE_HINTS
+    assert schema_hints()["verify"].startswith('set verify to "fast" or "full" (fast: trust')
+    assert schema_hints()["disk_margin_gb"].startswith("set disk_margin_gb to GB to keep free")
     assert SiteSettings.model_fields["verify"].description and SiteSettings.model_fields["disk_margin_gb"].description
 
 
