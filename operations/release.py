@@ -14,9 +14,7 @@ import posixpath
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 
-from resolve.launcher import HERE, launcher_lines, release_id  # noqa: F401 (planned in resolve/)
-
-KEEP = 3
+from resolve.launcher import HERE, KEEP, launcher_lines, release_id  # noqa: F401 (planned in resolve/)
 
 
 def link_switch(link: str, target: str) -> list[StringCommand]:

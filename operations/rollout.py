@@ -1,6 +1,7 @@
 """The rollout's stages, one function each, each taking its part of the plan (resolve/plan.py).
 
-deploy.py calls them in order. They are plain functions, not pyinfra ``@deploy`` sub-deploys:
+deploy.py calls them in order; rollback.py calls the switch, service and gate stages with a rollback's plan
+(resolve/rollback.py). They are plain functions, not pyinfra ``@deploy`` sub-deploys:
 ``@deploy`` prefixes the name of every operation inside it with the deploy's name (pyinfra 3.10
 api/host.py ``Host.deploy``: ``f"{current_deploy_name} | {name}"``), which would rename every line of
 the results table operators and the tests read.
@@ -262,21 +263,33 @@ def readable(plan) -> None:
     )
 
 
-def release_switched(plan, host_state, before):
-    """`current` -> this release (`previous` -> the one before); then what only the switch frees goes."""
-    layout, part = plan.layout, plan.weights
-    switched = release.current(name="current release", deployment_dir=layout.deployment_dir, release=plan.release.id)
-    # what was `previous` until this switch (and releases beyond keep_snapshots) may go now
-    diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
-        before, diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots,
-                                      new_release=plan.release.id, after_switch=True)))
+def release_switched(plan, host_state=None, before=None):
+    """`current` -> the plan's release (`previous` -> the one before; a deploy's or a rollback's plan). In a deploy
+    (``host_state`` and the snapshot removal planned ``before`` the download given) what only the switch frees
+    goes after it; a rollback removes nothing."""
+    layout, switch = plan.layout, plan.switch
+    switched = release.current(name=switch.label, deployment_dir=layout.deployment_dir, release=switch.release,
+                               keep=switch.keep)
+    if before is not None:
+        # what was `previous` until this switch (and releases beyond keep_snapshots) may go now
+        part = plan.weights
+        diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
+            before, diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots,
+                                          new_release=switch.release, after_switch=True)))
     return switched
 
 
 def service_running(plan, stale_when_changed):
     """systemd's unit or the start-stop-daemon fallback runs <deployment>/current/serve as the service user,
-    restarted only when something it runs changed. Returns (supervisor, its operation)."""
-    chosen = supervisor.of(plan.layout, plan.service.manager, plan.service.user, plan.service.stop_grace)
+    restarted only when something it runs changed; a rollback's (``restart_only``) is restarted as the deploy
+    left it, when its switch changed. Returns (supervisor, its operation)."""
+    part = plan.service
+    chosen = supervisor.of(plan.layout, part.manager, part.user, part.stop_grace)
+    if part.restart_only:
+        return chosen, supervisor.restarted(
+            name=f"service restart ({chosen.manager})", commands=chosen.restart, dependencies=stale_when_changed,
+            why=f"release {plan.switch.release} is current already",
+        )
     return chosen, chosen.converged(plan, stale_when_changed)
 
 

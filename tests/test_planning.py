@@ -229,7 +229,11 @@ def test_until_prepare_reaches_the_plan(tmp_path, index):
     import dataclasses
 
     run = dataclasses.replace(context(tmp_path), until=deployment.settings.until)
-    assert make_plan(deployment, "gpu1", h200x8(), context=run, hub=StandInHub()).until == "prepare"
+    plan = make_plan(deployment, "gpu1", h200x8(), context=run, hub=StandInHub())
+    assert plan.until == "prepare"
+    # a deploy's switch: the release planned, the last three kept (a rollback's: resolve/rollback.py)
+    assert (plan.switch.release, plan.switch.keep, plan.switch.label) == (plan.release.id, 3, "current release")
+    assert not plan.service.restart_only
 
 
 def test_value_options_are_pyinfras():
