@@ -211,6 +211,14 @@ class Traffic:
                 self._samples[name].append((sent, healthy))
             self._stop.wait(max(0.0, self.sample_every - (time.monotonic() - sent)))
 
+    def requests_so_far(self) -> list[Request]:
+        with self._lock:
+            return list(self._requests)
+
+    def samples_of(self, name: str) -> list[bool]:
+        with self._lock:
+            return [healthy for _, healthy in self._samples[name]]
+
     # what the clients saw
 
     def report(self) -> Report:

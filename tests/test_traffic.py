@@ -4,6 +4,7 @@ off) and what the report computes from requests and health samples."""
 import http.server
 import json
 import threading
+import time
 
 import pytest
 
@@ -75,15 +76,27 @@ def test_a_closed_port_is_refused():
 
 def test_a_short_load_counts_its_requests_and_samples_the_health(server):
     with Traffic({"a": f"http://127.0.0.1:{server.server_address[1]}"}, model="m", streams=2) as load:
-        threading.Event().wait(0.5)
+        wait_for(lambda: load_seen(load, "ok"))
         server.mode = "drain"
-        threading.Event().wait(0.5)
+        wait_for(lambda: load_seen(load, "refused") and load.samples_of("a")[-1:] == [False])
         server.mode = "ok"
-        threading.Event().wait(0.5)
+        wait_for(lambda: load.samples_of("a")[-1:] == [True])
     report = load.report()
     assert report.of("ok") and report.of("refused") and not report.of("broken")
-    assert len(report.outages) == 1 and 0.2 < report.outages[0].seconds < 1.0, report.outages
-    assert report.samples >= 10
+    # one outage, while the server drained (the load's threads run late on a busy machine: no tight bounds)
+    assert len(report.outages) == 1 and report.outages[0].seconds > 0, report.outages
+    assert report.samples >= 3
+
+
+def load_seen(load, outcome) -> bool:
+    return any(r.outcome == outcome for r in load.requests_so_far())
+
+
+def wait_for(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within 30 s"
+        time.sleep(0.02)
 
 
 def test_outages_that_only_touch_do_not_overlap():
