@@ -5,6 +5,7 @@ the deployment's folder (releases, overlay, launcher, private secrets, status, l
 venvs and snapshots that only this deployment's releases use. What stays: every venv and
 snapshot that another deployment's staging links or kept releases use, the Hub client venv,
 uv and the uv cache. The plan is a pure function of the host's state (``fleet.HostState``).
+retire.py's steps: ``planned`` (the deployment named, read from the host), ``reported``, ``removed``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
+from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from models.errors import HeavyliftConfigError
+from models.schema import SLUG, SiteSettings
+from resolve.context import RunContext
 from resolve.layout import Layout
 from resolve.supervisor import SYSTEMD
 
-from . import supervisor
+from . import fleet, supervisor
 from .weights import human_bytes
 
 
@@ -30,6 +35,7 @@ class RetirePlan:
     remove: list[tuple[str, str]] = field(default_factory=list)  # (path, what it is)
     keep: list[tuple[str, str]] = field(default_factory=list)  # (path, why it stays)
     freed_bytes: int = 0
+    user: str | None = None  # the service user its vLLM ran as (its processes end with the service)
 
     def lines(self) -> list[str]:
         lines = [f"retire {self.deployment}: stop the service ({self.service.get('manager')}, now {self.service.get('state')})"]
@@ -49,8 +55,43 @@ def _uses(deployment: dict) -> tuple[set[str], set[str]]:
     return {v.rstrip("/") for v in venvs}, snapshots
 
 
-def plan_retire(state: dict, name: str) -> RetirePlan:
-    """What retiring ``name`` removes and keeps on the host whose state this is. KeyError if absent."""
+def planned() -> tuple[RetirePlan, RunContext]:
+    """This host's retire plan (``--data retire=<deployment>``) and the run's context. A name that is not a
+    deployment on the host is refused, naming what is there, before any host changes."""
+    context = RunContext.of_pyinfra(state, host)
+    layout = Layout.of_host(host.data.get("root"))
+    name = host.data.get("retire")
+    if not name or not SLUG.match(str(name)):
+        raise HeavyliftConfigError(
+            f"retire.py, host '{host.name}': field 'retire' ({name!r}) does not name a deployment. "
+            "Fix: --data retire=<deployment name>, e.g. --data retire=kimi. No host was changed."
+        )
+    found = host.get_fact(fleet.HostState, root=layout.root)
+    if name not in found["deployments"]:
+        raise HeavyliftConfigError(
+            f"retire.py, host '{host.name}': field 'retire': deployment {name!r} is not on this host (under "
+            f"{layout.deployments_dir}: {', '.join(found['deployments']) or 'none'}). Fix: name one of those, or leave "
+            "this host out with --limit. No host was changed."
+        )
+    # the account its vLLM ran as: the site's, else the schema's default (ranks of that user are ended with the service)
+    user = host.data.get("service_user") or SiteSettings.model_fields["service_user"].default
+    return plan_retire(found, name, user), context
+
+
+def reported(plan: RetirePlan) -> None:
+    """What goes and what stays (every run, also --dry)."""
+    for line in plan.lines():
+        logger.info(f"{host.print_prefix}{line}")
+
+
+def removed(plan: RetirePlan):
+    """The retire stage: the service stopped, the deployment's folder, unit and what only it used removed."""
+    return retired(name=f"retire deployment {plan.deployment}", plan=plan, user=plan.user)
+
+
+def plan_retire(state: dict, name: str, user: str | None = None) -> RetirePlan:
+    """What retiring ``name`` removes and keeps on the host whose state this is. KeyError if absent.
+    ``user``: the service user its vLLM ran as."""
     target = state["deployments"][name]
     venvs, snapshots = _uses(target)
     others: dict[str, str] = {}
@@ -80,7 +121,7 @@ def plan_retire(state: dict, name: str) -> RetirePlan:
     service = dict(target["service"])
     if service.get("manager") == SYSTEMD:
         remove.append((layout.unit_path, "systemd unit"))
-    return RetirePlan(name, folder, service, layout, remove, keep, freed)
+    return RetirePlan(name, folder, service, layout, remove, keep, freed, user)
 
 
 @operation()

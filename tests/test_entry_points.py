@@ -19,7 +19,7 @@ from pyinfra.operations import server
 
 from models import validate
 from models.errors import HeavyliftConfigError
-from operations import argtypes, factbatch, fleet, hostlock, rollback, rollout, waves
+from operations import argtypes, factbatch, fleet, hostlock, retire, rollback, rollout, waves
 from operations.oporder import pyinfra_operation
 from resolve.layout import Layout
 from resolve.plan import GatePart, SwitchPart, service_part
@@ -196,3 +196,44 @@ def test_rollback_refuses_when_there_is_no_release_to_go_back_to_before_any_chan
         plan, context = rollback.planned()
     # service_manager auto: decided by the host's init system as a deploy's planning decides it
     assert (plan.switch.release, plan.was, plan.service.manager, context.dry) == ("r0", "r1", "systemd", False)
+
+
+# --- retire.py
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry"])
+def test_retire_removes_under_the_lock(cli, monkeypatch, dry):
+    layout = Layout.of_host(None).of("tiny")
+    plan = retire.RetirePlan("tiny", layout.deployment_dir, {"manager": "systemd"}, layout, user="vllm")
+    monkeypatch.setattr(retire, "planned", lambda: (plan, SimpleNamespace(dry=dry)))
+    state = prepared("retire.py")
+    assert assert_lock_around(state, cli, dry) == ["retire deployment tiny"]
+
+
+ON_HOST = {"root": "/opt/heavylift", "deployments": {"tiny": {"service": {"manager": "fallback", "state": "active"},
+                                                             "releases": []}},
+           "snapshots": []}
+
+
+@pytest.mark.parametrize("name, message", [
+    (None, "retire.py, host 'h1': field 'retire' (None) does not name a deployment. Fix: --data retire=<deployment "
+           "name>, e.g. --data retire=kimi. No host was changed."),
+    ("other", "retire.py, host 'h1': field 'retire': deployment 'other' is not on this host (under "
+              "/opt/heavylift/deployments: tiny). Fix: name one of those, or leave this host out with --limit. "
+              "No host was changed."),
+])
+def test_retire_refuses_a_deployment_the_host_does_not_have_before_any_change(name, message):
+    state_context, host_context = host_with({"retire": name} if name else {}, ON_HOST)
+    with state_context, host_context, pytest.raises(HeavyliftConfigError) as refused:
+        retire.planned()
+    assert str(refused.value) == message
+
+
+def test_retire_plans_the_named_deployment_with_its_service_user():
+    state_context, host_context = host_with({"retire": "tiny"}, ON_HOST)
+    with state_context, host_context:
+        plan, context = retire.planned()
+    assert (plan.deployment, plan.user, plan.layout.lock, context.dry) == ("tiny", "heavylift", LOCK, False)
+    state_context, host_context = host_with({"retire": "tiny", "service_user": "svc"}, ON_HOST)
+    with state_context, host_context:
+        assert retire.planned()[0].user == "svc"
