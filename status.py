@@ -12,6 +12,11 @@ readiness gate (load time, TTFT, decode tok/s; ``status.json``), GPUs and the me
 processes hold (nvidia-smi), disk headroom, snapshots and venvs. One read-only fact per host
 (operations/fleet.py ``HostState``): no operation, no upload, no lock taken.
 
+A multi-node group is judged as the one vLLM instance it is, once every host is read, on its leader's
+lines and under ``groups`` in the JSON: failed when any node's vLLM is not running (its peers may still
+answer /health while they wait on it), naming the node and what its supervisor and log say
+(operations/nodegroup.py ``group_status``).
+
 ``-y``: pyinfra asks for a confirmation before executing, even when there is nothing to execute.
 JSON goes to stdout and nothing else does (pyinfra writes its own output to stderr), so
 ``... status.py --data json=true > fleet.json`` is a clean document for tools.
@@ -26,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pyinfra import host, logger, state
 
-from operations import fleet
+from operations import fleet, nodegroup
 from resolve.layout import Layout
 
 layout = Layout.of_host(host.data.get("root"))
@@ -38,6 +43,12 @@ found = host.get_fact(fleet.HostState, root=layout.root)
 for line in fleet.host_lines(found, host.name, expected):
     logger.info(f"{host.print_prefix}{line}")
 
+# a multi-node group is one vLLM instance: judged whole once every host is read, on its leader's lines
+for group in nodegroup.status_read(state, host, found) or []:
+    leader = state.inventory.get_host(next((name for name in group["nodes"] if name), host.name)) or host
+    say = logger.info if group["state"] == "active" else logger.warning
+    say(f"{leader.print_prefix}{nodegroup.group_line(group)}")
+
 if want_json:
     if not fleet.COLLECTED:
         run_state = state
@@ -46,7 +57,9 @@ if want_json:
             # hosts that failed (a connection that did not open) are said too, as not reached
             hosts = {h.name: {"error": "not reached"} for h in run_state.failed_hosts}
             hosts.update(fleet.COLLECTED)
-            sys.stdout.write(json.dumps({"hosts": hosts}, indent=2, sort_keys=True) + "\n")
+            # each multi-node group judged as one instance (operations/nodegroup.py group_status)
+            groups = nodegroup.board_of(run_state).groups
+            sys.stdout.write(json.dumps({"hosts": hosts, "groups": groups}, indent=2, sort_keys=True) + "\n")
             sys.stdout.flush()
 
         atexit.register(print_document)

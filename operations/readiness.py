@@ -353,7 +353,10 @@ def serving(url: str, model: str, endpoint: str, budget_seconds: int, log_comman
     + rollback: where the previous release is and how to restart it, when the gate fails
     """
     restarted = bool(dependencies) and changed_in_this_run(dependencies)
-    if not restarted:
+    if restarted:
+        # a group is gated as one: a dry run shows the gate on every node (operations/nodegroup.py)
+        nodegroup.group_changes(state, host, gate.group)
+    else:
         # a look at a running service: /health and one short completion; the decode benchmark runs only
         # at a (re)start's gate (a site's 256 tokens on every re-run would cost seconds of its GPUs),
         # and the look reports that gate's figures

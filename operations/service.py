@@ -145,10 +145,24 @@ def stale_release(pid_source: str, releases_dir: str, release: str | None) -> st
     if not release or not pid_source:
         return None
     running = host.get_fact(RunningRelease, pid_source=pid_source, releases_dir=releases_dir)
+    return _runs_another(running, release)
+
+
+def _runs_another(running: dict | None, release: str) -> str | None:
     if running is None or running["release"] == release:
         return None
     started = f"release {running['release']}" if running["release"] else "outside heavylift's releases"
     return f"vLLM (pid {running['pid']}) runs {started}, not the current release {release}"
+
+
+def group_node_read(group: tuple[str, ...], pid_source: str, releases_dir: str, release: str) -> None:
+    """While the run is planned, on each node of a multi-node ``group``: why its vLLM must start though nothing
+    changed (it is not running, or runs another release than ``release``), posted for every node's service
+    operation, which restarts the group as one (operations/nodegroup.py). Planning, not the operation: with
+    ``-y`` pyinfra runs an operation's body only when it executes, side by side on the nodes."""
+    running = host.get_fact(RunningRelease, pid_source=pid_source, releases_dir=releases_dir)
+    reason = "vLLM is not running" if running is None else _runs_another(running, release)
+    nodegroup.post_start_reason(state, host, group, reason)
 
 
 class DeploymentProcesses(FactBase):
@@ -213,13 +227,13 @@ def leftovers_ended(releases_dir: str, user: str, pid_source: str):
 
 def changed_in_this_run(dependencies: list[OperationMeta], group: tuple[str, ...] = ()) -> bool:
     """Did (or, while planning, will) any of these operations change the host, or, in a multi-node
-    ``group``, any node of it (operations/nodegroup.py: a group restarts whole)?"""
+    ``group``, any node of it, or must another node's vLLM start (operations/nodegroup.py: a group restarts
+    whole)?"""
     if group:
-        changed = nodegroup.changed_in_group(state, host, dependencies, group)
-        others = [name for name in changed if name != host.name]
-        if others and state.is_executing and host.name not in changed:
-            logger.info(f"{host.print_prefix}restarted with its group: {', '.join(others)} changed")
-        return bool(changed)
+        causes = nodegroup.restart_causes(state, host, dependencies, group)
+        if causes and state.is_executing and host.name not in causes:
+            logger.info(f"{host.print_prefix}restarted with its group: {nodegroup.describe_causes(causes)}")
+        return bool(causes)
     if state.is_executing:
         return any(meta.did_change() for meta in dependencies)
     return any(meta.will_change for meta in dependencies)
@@ -285,10 +299,13 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     if not status["enabled"]:
         yield StringCommand("systemctl", "enable", QuoteString(unit))
     if not status["active"]:
+        nodegroup.group_changes(state, host, group)
         yield StringCommand("systemctl", "start", "--no-block", QuoteString(unit))
     elif changed_in_this_run(dependencies, group):
+        nodegroup.group_changes(state, host, group)
         yield from systemd_restart(unit, reap)
     elif why := stale_release(f"systemd:{unit}", releases_dir, release):
+        nodegroup.group_changes(state, host, group)
         logger.warning(f"{host.print_prefix}{why}: restarting {unit}")
         yield from systemd_restart(unit, reap)
     else:
@@ -372,15 +389,18 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
             host.noop(f"{launcher} is stopped")
         return
     if not is_running:
+        nodegroup.group_changes(state, host, group)
         yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile)))
         # a pidfile left by a process that exited (or is a zombie not yet reaped) makes
         # start-stop-daemon --start answer "process already running" and start nothing
         yield StringCommand("rm", "-f", QuoteString(pidfile))
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif changed_in_this_run(dependencies, group):
+        nodegroup.group_changes(state, host, group)
         yield from stopped
         yield _start(launcher, env_file, pidfile, logfile, user, home)
     elif why := stale_release(f"pidfile:{pidfile}", releases_dir, release):
+        nodegroup.group_changes(state, host, group)
         logger.warning(f"{host.print_prefix}{why}: restarting it")
         yield from stopped
         yield _start(launcher, env_file, pidfile, logfile, user, home)

@@ -42,6 +42,9 @@ class Supervisor:
         """The service of ``plan`` (resolve/plan.py) running its current release, restarted only when one of
         ``dependencies`` changed (or it runs another release than current)."""
         layout, part = plan.layout, plan.service
+        if plan.group:
+            # a node whose vLLM died or runs another release restarts its whole group (operations/nodegroup.py)
+            service.group_node_read(plan.group, self.pid_source, layout.releases, plan.release.id)
         # an earlier start's engine core and ranks that outlived their API server: ended before this start
         service.leftovers_ended(name="vLLM processes outside the service", releases_dir=layout.releases, user=part.user,
                                 pid_source=self.pid_source)

@@ -46,6 +46,8 @@ files.directory(name="release folder", path=f"{folder}/releases/{name}")
 files.put(name="release launcher", src=io.StringIO(serve_script(name)),
           dest=f"{folder}/releases/{name}/serve", mode="755")
 switched = release.current(name="current release", deployment_dir=folder, release=name)
+# as operations/supervisor.py Supervisor.converged: a node that must start restarts its whole group
+service.group_node_read(group, f"pidfile:{pidfile}", f"{folder}/releases", name)
 restarted = service.daemon(name="service (start-stop-daemon)", launcher=launcher, env_file=env_file, pidfile=pidfile,
                            logfile=logfile, dependencies=[switched], grace_seconds=5, release=name,
                            releases_dir=f"{folder}/releases", group=group)

@@ -155,11 +155,13 @@ class StatusRun:
     seconds: float
 
 
-def status(inventory: Path, *args: str, env: dict | None = None) -> StatusRun:
-    """status.py through the real CLI with --data json=true: the JSON from stdout, the lines from stderr."""
+def status(inventory: Path, *args: str, env: dict | None = None, control=None) -> StatusRun:
+    """status.py through the real CLI with --data json=true: the JSON from stdout, the lines from stderr.
+    ``control``: how a bed's control side runs an argv (testbed's TestBed.control_argv, for a bridge's hosts)."""
     started = time.monotonic()
+    argv = [PYINFRA, "-y", str(inventory), "status.py", "--data", "json=true", *args]
     done = subprocess.run(
-        [PYINFRA, "-y", str(inventory), "status.py", "--data", "json=true", *args],
+        control(argv) if control else argv,
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
     )
     seconds = time.monotonic() - started

@@ -7,7 +7,9 @@ pipeline parallel 2 over Gloo (vLLM's own multi-node launch: ``--nnodes 2 --node
 (b) a re-run changes nothing and restarts no node;
 (c) a changed flag (``--max-num-seqs``) restarts both nodes, and the group serves again;
 (d) an upgrade whose flag vLLM rejects at start fails the leader's gate: both nodes go back to their
-    previous release together, the group serves it again, and the run exits non-zero saying so.
+    previous release together, the group serves it again, and the run exits non-zero saying so;
+(e) node1's vLLM killed (SIGKILL): status.py reports the group failed, naming node1 and its dead vLLM; a dry
+    run shows both nodes' restart; the next run restarts both nodes as one group, and it serves again.
 
 One bed and one Hub mirror (olah, in the bridge's switch namespace) for the module. The restart-whole and
 rollback-together logic is also proven in seconds with a stand-in for vLLM (tests/test_nodegroup.py).
@@ -25,6 +27,7 @@ from conftest import PYINFRA, REPO_ROOT, TEST_ROOT, VLLM_CPU, PyinfraRun, tiny_s
 from models.schema import SiteSettings, VllmRuntime
 from operations import runtime
 from resolve import vllm_build
+from rollout_support import status, wait_until
 from testbed.hub_mirror import HubMirror
 from testbed.ssh_hosts import TestBed
 
@@ -94,13 +97,16 @@ def group(tmp_path_factory, hub_mirror, warm_uv_cache):
 
         def run(*args):
             started = time.monotonic()
-            done = subprocess.run(bed.control_argv([PYINFRA, "-y", str(inventory), "deploy.py", *args]),
+            # -y skips pyinfra's change detection, which a dry run shows
+            confirm = [] if "--dry" in args else ["-y"]
+            done = subprocess.run(bed.control_argv([PYINFRA, *confirm, str(inventory), "deploy.py", *args]),
                                   cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
             result = PyinfraRun(done.returncode, done.stdout + done.stderr)
             result.seconds = time.monotonic() - started
             return result
 
-        yield {"bed": bed, "write": write, "run": run, "leader": leader_address}
+        yield {"bed": bed, "write": write, "run": run, "leader": leader_address,
+               "status": lambda: status(inventory, control=bed.control_argv)}
     finally:
         if mirror is not None:
             mirror.stop()
@@ -158,3 +164,51 @@ def test_d_a_failed_upgrade_rolls_both_nodes_back_together(group):
         # each node runs the release it ran before the upgrade, from `current` again
         assert running == current == group["serving"][name][2], (name, pid, running, current)
     assert completion_from(bed["node1"], group["leader"])["usage"]["completion_tokens"] == 4
+
+
+def gone(host, pid):
+    """Whether ``pid`` on ``host`` has exited (a zombie not yet reaped has)."""
+    return host.run(f"grep -qs '^State:[[:space:]]*[^ZX]' /proc/{pid}/status").returncode != 0
+
+
+def test_e_a_dead_node_fails_its_group_and_the_next_run_restarts_both(group):
+    bed = group["bed"]
+    # the site as the group serves it (the release (c) started and (d) went back to): nothing of it changes
+    group["write"]([*FAST_START, "--max-num-seqs", "4"])
+    before = {name: node_state(bed[name]) for name in NAMES}
+    dead = before["node1"][0]
+    # the headless worker's vLLM killed as the OOM killer would (SIGKILL): nothing restarts it, and the leader
+    # is left waiting on a pipeline stage that is gone
+    bed["node1"].run(f"kill -KILL {dead}")
+    wait_until(lambda: gone(bed["node1"], dead), 30, f"node1's vLLM (pid {dead}) gone")
+
+    found = group["status"]()
+    print(f"\nstatus of the group with node1 dead: {found.seconds:.1f} s")
+    assert found.run.returncode == 0, found.run.output[-4000:]
+    [judged] = found.document["groups"]
+    assert (judged["deployment"], judged["nodes"], judged["state"]) == ("tiny-llama", list(NAMES), "failed"), judged
+    assert any(problem.startswith(f"node1 (rank 1, headless): vLLM failed, pid {dead} ") for problem in judged["problems"]), \
+        judged
+    assert "[node0] group tiny-llama (node0, node1): failed: " in found.run.output.replace("  ", " "), found.run.output[-4000:]
+    leader_alive = found.document["hosts"]["node0"]["deployments"]["tiny-llama"]["service"]["state"] == "active"
+
+    # a dry run shows the restart of both nodes, the leader's too though nothing of it changed
+    preview = group["run"]("--dry")
+    assert preview.returncode == 0, preview.output[-6000:]
+    rows = [line for line in preview.output.splitlines() if "service (start-stop-daemon)" in line or "vLLM ready" in line]
+    assert len(rows) == 2 and all("2 (node0, node1)" in row for row in rows), preview.output[-6000:]
+
+    again = group["run"]()
+    print(f"\nthe group restarted after node1's vLLM died: {again.seconds:.0f} s (the leader was "
+          f"{'still running' if leader_alive else 'gone too'})")
+    assert again.returncode == 0, again.output[-6000:]
+    after = {name: node_state(bed[name]) for name in NAMES}
+    for name in NAMES:
+        pid, running, current = after[name]
+        # a new start of both, from the release they served
+        assert pid != before[name][0] and running == current == before[name][2], (name, before, after)
+    if leader_alive:
+        assert "restarted with its group: node1: vLLM is not running" in again.output, again.output[-6000:]
+    assert "the group's leader node0 passed its gate; this node serves with it" in again.output
+    assert completion_from(bed["node1"], group["leader"])["usage"]["completion_tokens"] == 4
+    assert [g["state"] for g in group["status"]().document["groups"]] == ["active"]

@@ -233,3 +233,13 @@ def test_a_killed_rank_is_named_as_the_cause(two_moves):
     assert service["state"] == "failed"
     assert service["last_error"].endswith(
         "[multiproc_executor.py:315] Worker proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.")
+
+
+def test_a_group_node_says_its_rank_and_leader_from_the_launcher_current_names(two_moves):
+    """status.py judges a multi-node group from its nodes' launchers (operations/nodegroup.py group_status)."""
+    assert host_state(two_moves)["deployments"]["tiny"]["node"] is None  # serves on its own
+    launcher = two_moves / "deployments" / "tiny" / "releases" / "r2aaaaaaaaaa" / "serve"
+    launcher.write_text(launcher.read_text().replace(
+        "--max-model-len 256", "--max-model-len 256 \\\n    --pipeline-parallel-size 2 --nnodes 2 \\\n"
+        "    --node-rank 1 --master-addr 10.200.0.11 --master-port 29501 \\\n    --headless"))
+    assert host_state(two_moves)["deployments"]["tiny"]["node"] == {"rank": 1, "nnodes": 2, "leader": "10.200.0.11:29501"}

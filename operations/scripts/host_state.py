@@ -72,10 +72,21 @@ def launcher_facts(path):
     facts = {"model": f"{found.group(1)}@{found.group(2)}" if found else None}
     for key, pattern in (("host", r"--host\s+'?([^\s'\\]+)"), ("port", r"--port\s+'?(\d+)"),
                          ("served_model_name", r"--served-model-name\s+'?([^\s'\\]+)"),
-                         ("gpus", r"CUDA_VISIBLE_DEVICES='?([0-9,]+)")):
+                         ("gpus", r"CUDA_VISIBLE_DEVICES='?([0-9,]+)"),
+                         # one node of a multi-node group (resolve/nodes.py NodeRole.launcher_args)
+                         ("nnodes", r"--nnodes\s+'?(\d+)"), ("node_rank", r"--node-rank\s+'?(\d+)"),
+                         ("master_addr", r"--master-addr\s+'?([^\s'\\]+)"), ("master_port", r"--master-port\s+'?(\d+)")):
         match = re.search(pattern, text)
         facts[key] = match.group(1) if match else None
     return facts
+
+
+def node_of(facts):
+    """This host's place in a multi-node group, from its launcher's flags: {"rank", "nnodes", "leader"}, or None."""
+    if not facts.get("nnodes") or facts.get("node_rank") is None:
+        return None
+    return {"rank": int(facts["node_rank"]), "nnodes": int(facts["nnodes"]),
+            "leader": f"{facts['master_addr']}:{facts['master_port']}"}
 
 
 def venv_build(venv_path):
@@ -278,13 +289,13 @@ def snapshots(paths):
 
 
 def deployment(paths, name, systemd, gpu_apps, light=False):
-    releases = []
+    releases, launchers = [], {}
     releases_dir = paths("releases", name=name)
     for rid in os.listdir(releases_dir) if os.path.isdir(releases_dir) else []:
         path = os.path.join(releases_dir, rid)
         if rid.endswith(".tmp") or not os.path.isdir(path):
             continue
-        facts = launcher_facts(paths("release_launcher", name=name, release=rid))
+        facts = launchers[rid] = launcher_facts(paths("release_launcher", name=name, release=rid))
         venv = link(paths("release_venv", name=name, release=rid))
         releases.append({"id": rid, "mtime": int(os.lstat(path).st_mtime), "model": facts["model"],
                          "snapshot": snapshot_of(paths, facts["model"]), "venv": venv, "vllm": venv_build(venv),
@@ -316,6 +327,8 @@ def deployment(paths, name, systemd, gpu_apps, light=False):
         "staging": {"model": staging["model"], "snapshot": snapshot_of(paths, staging["model"]), "venv": staging_venv},
         "status": status,
         "service": service,
+        # the group it is a node of, as the release `current` names starts it (status.py judges the group whole)
+        "node": node_of(launchers.get(current) or staging),
     }
 
 
