@@ -81,10 +81,10 @@ def ensure_root() -> None:
 
 
 # Ports for test services come from below the kernel's ephemeral range (32768-60999 by default), one
-# block per pytest-xdist worker: a port handed out here but not yet listened on (a vLLM that starts a
-# minute later) can then be taken neither by another worker's choice nor by an outgoing connection's
-# ephemeral port (a vLLM rank's, a test client's). Each block is walked in turn, so one process never
-# hands out a port twice while the block lasts.
+# block per pytest-xdist worker where one runs the tests: a port handed out here but not yet listened on
+# (a vLLM that starts a minute later) can then be taken neither by an outgoing connection's ephemeral port
+# (a vLLM rank's, a test client's) nor by another worker's choice. Each block is walked in turn, so one
+# process never hands out a port twice while the block lasts.
 PORT_BLOCK_START, PORT_BLOCK_SIZE = 20000, 1500
 _next_port_offset = 0
 
