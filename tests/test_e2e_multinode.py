@@ -173,8 +173,12 @@ def gone(host, pid):
 
 def test_e_a_dead_node_fails_its_group_and_the_next_run_restarts_both(group):
     bed = group["bed"]
-    # the site as the group serves it (the release (c) started and (d) went back to): nothing of it changes
+    # the site as the group serves it (the release (c) started and (d) went back to), and each node's staging
+    # launcher as that release has it (the failed upgrade of (d) left its own there; a converged run would put it
+    # back, restarting the group, minutes): nothing of either node changes, so a restart of node0 is its group's
     group["write"]([*FAST_START, "--max-num-seqs", "4"])
+    for name in NAMES:
+        bed[name].run(f"cp -p {DEPLOYMENT_DIR}/current/serve {DEPLOYMENT_DIR}/serve")
     before = {name: node_state(bed[name]) for name in NAMES}
     dead = before["node1"][0]
     # the headless worker's vLLM killed as the OOM killer would (SIGKILL): nothing restarts it, and the leader
