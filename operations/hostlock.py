@@ -30,6 +30,7 @@ import os
 import socket
 import time
 
+from paramiko import SSHException
 from pyinfra import host as current_host, logger, state as current_state
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
@@ -100,8 +101,16 @@ class _ReleaseOnFailure(BaseStateCallback):
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):
         path = self.paths.pop(host.name, None)
-        if path:
+        if not path:
+            return
+        try:
             host.run_shell_command(lock_command(path, "release"))
+        except (OSError, SSHException, EOFError) as error:
+            # The failure was the connection itself (an sshd gone, a host cut off): raised from a pyinfra
+            # callback, this would end the whole run at once, every other host's lock held and no wave summary.
+            # The lock's holder is gone with the connection, so the next run recovers it as stale.
+            logger.warning(f"{host.print_prefix}deploy lock not given back ({type(error).__name__}: {error}): "
+                           "the connection is gone; the next run recovers the lock as stale")
 
 
 def _held(state) -> dict[str, str]:

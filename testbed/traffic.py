@@ -1,6 +1,6 @@
 """Bounded client load on a fleet of vLLM servers, and what the clients saw: for a rollout under traffic.
 
-A fixed number of streams, each sending one streamed completion after another to the hosts in turn
+A fixed number of streams, each sending one streamed completion after another (``pause`` seconds apart) to the hosts in turn
 (round robin, every host whatever its state: the clients do not know a restart is coming), for as
 long as the load runs; beside them one sampler per host asking ``/health`` every ``sample_every``
 seconds. Every request ends as one of:
@@ -111,11 +111,13 @@ class Traffic:
     """``streams`` clients sending streamed completions round robin to ``endpoints`` while the context is open."""
 
     def __init__(self, endpoints: dict[str, str], model: str, streams: int = 3, max_tokens: int = 32,
-                 sample_every: float = 0.1, probe_timeout: float = 3.0, request_timeout: float = 120.0):
+                 pause: float = 0.0, sample_every: float = 0.1, probe_timeout: float = 3.0,
+                 request_timeout: float = 120.0):
         self.endpoints = dict(endpoints)
         self.model = model
         self.streams = streams
         self.max_tokens = max_tokens
+        self.pause = pause  # each stream's wait between its requests: the load's bound besides `streams`
         self.sample_every = sample_every
         self.probe_timeout = probe_timeout
         self.request_timeout = request_timeout
@@ -159,12 +161,12 @@ class Traffic:
             request = self.complete(name)
             with self._lock:
                 self._requests.append(request)
-            if request.outcome == "refused":
-                time.sleep(0.05)  # a refusal comes back at once: do not spin on a host that is down
+            # a refusal comes back at once: never spin on a host that is down
+            self._stop.wait(max(self.pause, 0.05 if request.outcome == "refused" else 0.0))
 
-    def complete(self, name: str) -> Request:
+    def complete(self, name: str, max_tokens: int | None = None) -> Request:
         url = urllib.parse.urlsplit(self.endpoints[name])
-        body = json.dumps({"model": self.model, "prompt": "Hello", "max_tokens": self.max_tokens,
+        body = json.dumps({"model": self.model, "prompt": "Hello", "max_tokens": max_tokens or self.max_tokens,
                            "stream": True, "ignore_eos": True, "temperature": 0})
         started = time.monotonic()
         connection = http.client.HTTPConnection(url.hostname, url.port, timeout=self.request_timeout)

