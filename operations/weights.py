@@ -209,7 +209,12 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
     not run operation generators until execution). ``freed_bytes``: what a removal before the
     download frees (old snapshots), counted as free space."""
     plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb, freed_bytes)
-    plan.check_fits()
+    try:
+        plan.check_fits()
+    except OperationError as error:
+        # raised while pyinfra loads the deploy on every host, it ends the whole run before any host changes
+        # and pyinfra prints it without the host: a fleet's operator must see which host has too little disk
+        raise OperationError(f"{host.name}: {error}") from None
     return plan
 
 

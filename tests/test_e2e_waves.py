@@ -326,3 +326,30 @@ def test_a_control_run_killed_mid_wave_is_converged_by_the_next_restarting_no_ho
         assert serves_with(bed, name, AFTER_FAULTS), name
         assert complete(PORTS[name])["choices"][0]["text"] is not None
         assert bed[name].run(f"test -e {TEST_ROOT}/deploy.lock").returncode != 0, f"{name} kept a lock"
+
+
+def test_a_host_whose_disk_cannot_hold_the_new_checkpoint_holds_the_rollout_before_any_byte(fleet):
+    """The site moves every host to another checkpoint; host3's models folder is a 1 MB file system. The run is
+    refused while it is prepared, naming host3, the checkpoint and the needed and free figures: no host
+    fetches a byte, switches or restarts (the whole rollout holds; the others keep serving)."""
+    bed = fleet["bed"]
+    before = {name: (current_release(bed[name]), read_pid(bed[name]),
+                     bed[name].run(f"ls {DEPLOYMENT_DIR}/releases").stdout) for name in NAMES}
+    small = f"{TEST_ROOT}/models/heavylift--tiny-llama-tp8"
+    mounted = bed["host3"].run(f"mkdir -p {small} && mount -t tmpfs -o size=1m tmpfs {small}")
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        fleet["write"](extra_args={name: AFTER_FAULTS for name in NAMES}, max_unavailable=1, model="tiny-llama-tp8",
+                       disk_margin_gb=0)
+        refused = run_pyinfra(fleet["inventory"])
+    finally:
+        fleet["write"](extra_args={name: AFTER_FAULTS for name in NAMES}, max_unavailable=1)
+        bed["host3"].run(f"umount {small}")
+    assert refused.returncode != 0, refused.output[-5000:]
+    assert re.search(r"host3: heavylift/tiny-llama-tp8@[0-9a-f]{12}: [\d.]+ [kM]B still to download but "
+                     rf"{re.escape(small)} has [\d.]+ [kM]B free \(margin 0 GB\)", refused.output), refused.output[-5000:]
+    for name in NAMES:
+        assert (current_release(bed[name]), read_pid(bed[name]),
+                bed[name].run(f"ls {DEPLOYMENT_DIR}/releases").stdout) == before[name], name
+        assert bed[name].run(f"ls -A {small} 2>/dev/null").stdout == "", name  # not a byte, anywhere
+        assert complete(PORTS[name])["choices"][0]["text"] is not None

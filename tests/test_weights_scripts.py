@@ -391,7 +391,7 @@ def test_preflight_raises_before_any_operation():
     kwargs, facts = plan_case({}, 10)
     snapshot = coerce(kwargs["snapshot"], weights.Snapshot)
     with ctx_state.use(FakeState()), ctx_host.use(FakeHost(facts)):
-        with pytest.raises(OperationError, match=r"^org/m@0123456789ab: 4\.0 GB still to download but /r has 10\.0 GB free \(margin 20 GB\)"):
+        with pytest.raises(OperationError, match=r"^testhost: org/m@0123456789ab: 4\.0 GB still to download but /r has 10\.0 GB free \(margin 20 GB\)"):
             weights.preflight(snapshot, kwargs["local_dir"], kwargs["manifest"])
         plan = weights.preflight(snapshot, kwargs["local_dir"], kwargs["manifest"], disk_margin_gb=0.5)
     assert plan.fetch_bytes == 4 * 10**9 and plan.headroom_after == 6 * 10**9
