@@ -346,7 +346,7 @@ def test_a_host_whose_disk_cannot_hold_the_new_checkpoint_holds_the_rollout_befo
     assert mounted.returncode == 0, mounted.stderr
     try:
         fleet["write"](extra_args={name: AFTER_FAULTS for name in NAMES}, max_unavailable=1, model="tiny-llama-tp8",
-                       disk_margin_gb=0)
+                       deployment="tiny-llama", disk_margin_gb=0)  # the same deployment, a new checkpoint
         refused = run_pyinfra(fleet["inventory"])
     finally:
         fleet["write"](extra_args={name: AFTER_FAULTS for name in NAMES}, max_unavailable=1)
