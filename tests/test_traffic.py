@@ -29,7 +29,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        if self.server.mode == "drain":
+        mode = self.server.mode  # once per request: the test switches it while requests run
+        if mode == "drain":
             body = b'{"error": "draining"}'
             self.send_response(503)
             self.send_header("Content-Length", str(len(body)))
@@ -43,7 +44,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         for _ in range(2):
             self.wfile.write(b"data: " + json.dumps({"choices": [{"text": "x"}]}).encode() + b"\n\n")
             self.wfile.flush()
-        if self.server.mode == "ok":
+        if mode == "ok":
             self.wfile.write(b"data: [DONE]\n\n")
         self.close_connection = True
 
