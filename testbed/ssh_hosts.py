@@ -304,10 +304,10 @@ class TestHost:
             timeout=timeout,
         )
 
-    def _enter(self) -> list[str]:
+    def _enter(self, target: int | None = None) -> list[str]:
         """nsenter's argv into the host: its namespaces, its root and working folder (--root/--wd without a
         value: the target's). The target is the sshd, or while its SSH is cut (cut_ssh) a process it runs."""
-        target = self.pid
+        target = target or self.pid
         if process_is_gone(target):
             target = next(iter(self.processes()), target)
         net = ["--net"] if self.netns_path else []
@@ -337,10 +337,8 @@ class TestHost:
         listening = self.boot_log().count(f"Server listening on {self.address} port {self.port}.")
         self.pid = 0
         with open(self.dir / "boot.log", "ab") as log:
-            net = ["--net"] if self.netns_path else []
             self._launcher = subprocess.Popen(
-                ["nsenter", "--target", str(others[0]), "--mount", "--uts", *net, "--root", "--wd", "--",
-                 SSHD, "-D", "-e", "-f", "/run/testbed/sshd_config"],
+                self._enter(others[0]) + [SSHD, "-D", "-e", "-f", "/run/testbed/sshd_config"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.pid = self.launcher_pid = self._launcher.pid  # nsenter execs the sshd: one process

@@ -30,7 +30,7 @@ import json
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,6 @@ class Report:
     seconds: float
     hosts: tuple[str, ...]
     max_out_at_once: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
 
     def of(self, outcome: str) -> list[Request]:
         return [r for r in self.requests if r.outcome == outcome]
