@@ -8,6 +8,7 @@ give one that means something, the probe says why and prints none.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -84,7 +85,10 @@ def test_bunched_stream_gives_no_figure_and_says_why(server):
     # divided 31 tokens by the microseconds between two lines of one read
     result = run(server, [(0.02, [1]), (0.3, [1] * 31)])
     assert result["tokens_per_second"] is None
-    assert result["decode_note"].startswith("the 32 tokens arrived bunched (2 reads, up to 31 tokens in one)"), result
+    # the 31 tokens are one write; the client may still read them in two or three parts (CI once saw 3 reads,
+    # up to 30 in one), so the note is held to its meaning, not to the exact split
+    found = re.match(r"the 32 tokens arrived bunched \((\d+) reads, up to (\d+) tokens in one\)", result["decode_note"])
+    assert found and int(found[1]) <= 4 and int(found[2]) >= 16, result
     assert result["ttft_seconds"] is not None and result["benchmark_tokens"] == 32
 
 
@@ -98,7 +102,8 @@ def test_mostly_bunched_stream_gives_no_figure(server):
     # a few spread tokens, then most of them at once: 853.5 tok/s on a ~200 tok/s host in issue 13
     result = run(server, [(0.01, [1])] + [(0.005, [1])] * 5 + [(0.1, [1] * 26)])
     assert result["tokens_per_second"] is None
-    assert "up to 26 tokens in one" in result["decode_note"], result
+    found = re.search(r"bunched \((\d+) reads, up to (\d+) tokens in one\)", result["decode_note"])
+    assert found and int(found[2]) >= 13, result  # the 26 may reach the client in two parts under load
 
 
 def test_chunks_merged_by_the_server_count_tokens_not_chunks(server):
