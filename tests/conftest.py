@@ -157,3 +157,20 @@ def run_pyinfra(
     )
     return PyinfraRun(result.returncode, result.stdout + result.stderr)
 # --- end of Hub mirror, vLLM runtime cache, pyinfra runner -----------------------------------
+
+
+# --- time per test file: where the suite's minutes go (printed after pytest's own durations) --------
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    slow = sorted(((seconds, path) for path, seconds in _FILE_SECONDS.items() if seconds >= 5), reverse=True)
+    if slow:
+        terminalreporter.write_sep("=", "seconds per test file (setup, call and teardown; 5 s or more)")
+        for seconds, path in slow:
+            terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
