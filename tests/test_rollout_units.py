@@ -1,4 +1,7 @@
-"""Rollout safety without hosts: the host lock's script on this machine, secrets sources, settings, GPUs."""
+"""Rollout safety without hosts: the host lock's script on this machine.
+
+Secrets, settings and GPU selection moved to the module files: test_resolve_secrets.py,
+test_operations_secrets.py, test_models_schema.py, test_operations_service.py."""
 
 import json
 import os
@@ -9,14 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pydantic import ValidationError
 
-from models.errors import HeavyliftConfigError
-from models.schema import SiteSettings
-from operations import hostlock, release, secrets, service
-from resolve.gpus import GpuInventory
-
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+from operations import hostlock
 
 
 # --- host lock ---------------------------------------------------------------------------------
@@ -183,87 +180,3 @@ def test_hold_refuses_a_held_lock_and_a_dry_run_only_says_so():
         hostlock.hold(Host(), SimpleNamespace(), "/opt/heavylift/deploy.lock")
     assert hostlock.hold(Host(), SimpleNamespace(), "/opt/heavylift/deploy.lock", dry=True).startswith(
         "another run holds the lock: locked by pyinfra run of ops@ctl (pid 42)")
-
-
-# --- secrets ------------------------------------------------------------------------------------
-
-
-def settings(**data):
-    return SiteSettings.model_validate({"model": "tiny-llama", "vllm": {"version": "0.34.0"}, **data})
-
-
-def test_secrets_come_from_the_environment_or_a_file(tmp_path, monkeypatch):
-    key_file = tmp_path / "api key"
-    key_file.write_text("sk-from-file\n")
-    key_file.chmod(0o600)
-    monkeypatch.setenv("MY_HF_TOKEN", "hf_from_env")
-    found = secrets.resolve(settings(hf_token="env:MY_HF_TOKEN", api_key=f"file:{key_file}"))
-    assert {k: v.get_secret_value() for k, v in found.items()} == {"HF_TOKEN": "hf_from_env", "VLLM_API_KEY": "sk-from-file"}
-    assert "hf_from_env" not in repr(found)
-    text = secrets.render_env_file(str(TEMPLATES / "serve.env.j2"), "demo", found)
-    script = "set -a; . /dev/stdin; printf '%s|%s' \"$HF_TOKEN\" \"$VLLM_API_KEY\""
-    assert subprocess.run(["sh", "-c", script], input=text, capture_output=True, text=True).stdout == "hf_from_env|sk-from-file"
-
-
-def test_missing_secret_names_field_and_fix(tmp_path, monkeypatch):
-    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
-    with pytest.raises(secrets.SecretSourceError, match=r"field 'api_key': the environment variable NOT_SET_ANYWHERE is not set"):
-        secrets.resolve(settings(api_key="env:NOT_SET_ANYWHERE"))
-    with pytest.raises(secrets.SecretSourceError, match=r"field 'hf_token': cannot read .*nope"):
-        secrets.resolve(settings(hf_token=f"file:{tmp_path}/nope"))
-
-
-@pytest.mark.parametrize("field", ["hf_token", "api_key"])
-def test_a_plain_secret_in_the_inventory_is_refused_without_repeating_it(field):
-    with pytest.raises(ValidationError) as raised:
-        settings(**{field: "hf_AbCdEfGhIjKlMnOp"})
-    assert "never goes into the inventory" in str(raised.value)
-
-
-def test_api_key_flag_is_refused_in_extra_args():
-    with pytest.raises(ValidationError, match="api_key"):
-        settings(extra_args=["--api-key", "sk-x"])
-
-
-def test_env_file_op_is_never_a_diff_and_never_argv():
-    from pyinfra_fixtures import run_operation
-
-    commands, _ = run_operation(secrets.env_file, {"path": "/p/serve.env", "content": "VLLM_API_KEY=sk-secret\n"},
-                                {"files.Sha256File": {"path=/p/serve.env": None}})
-    assert len(commands) == 1 and "sk-secret" not in json.dumps(commands)
-
-
-# --- settings: service user, GPUs ------------------------------------------------------------------
-
-
-def test_service_user_is_not_root():
-    with pytest.raises(ValidationError, match="other than root"):
-        settings(service_user="root")
-
-
-@pytest.mark.parametrize("gpus, message", [([], "empty list"), ([0, 0], "names a GPU twice"), ([-1], "0 or more")])
-def test_bad_gpu_lists(gpus, message):
-    with pytest.raises(ValidationError, match=message):
-        settings(gpus=gpus)
-
-
-def deployment(tp, gpus):
-    return SimpleNamespace(name="kimi", tensor_parallel_size=tp, settings=SimpleNamespace(gpus=gpus))
-
-
-def test_gpu_selection_matches_tensor_parallelism_and_the_host():
-    assert service.gpu_selection(deployment(2, [4, 5]), GpuInventory()) == "4,5"
-    assert service.gpu_selection(deployment(8, None), GpuInventory()) is None
-    with pytest.raises(HeavyliftConfigError, match=r"field 'gpus' names 2 GPUs \(\[0, 1\]\) but tensor_parallel_size is 4"):
-        service.gpu_selection(deployment(4, [0, 1]), GpuInventory())
-    host = SimpleNamespace(count=8)
-    with pytest.raises(HeavyliftConfigError, match="names GPU 9 but the host has 8 GPUs"):
-        service.gpu_selection(deployment(2, [8, 9]), host)
-
-
-def test_release_id_changes_with_each_part():
-    base = release.release_id("/v/a", "launcher", {"content": "c"})
-    assert base == release.release_id("/v/a", "launcher", {"content": "c"})
-    assert len({base, release.release_id("/v/b", "launcher", {"content": "c"}),
-                release.release_id("/v/a", "launcher2", {"content": "c"}),
-                release.release_id("/v/a", "launcher", {"content": "d"})}) == 4
