@@ -22,45 +22,22 @@ JSON goes to stdout and nothing else does (pyinfra writes its own output to stde
 ``... status.py --data json=true > fleet.json`` is a clean document for tools.
 """
 
-import atexit
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyinfra import host, logger, state
+from pyinfra import host, state
 
 from operations import fleet, nodegroup
-from resolve.layout import Layout
 
-layout = Layout.of_host(host.data.get("root"))
-# the deployment the site names for this host, to say when it is missing; the host's own folders decide the rest
-expected = host.data.get("deployment") or host.data.get("model")
-want_json = str(host.data.get("json", "")).lower() in ("1", "true", "yes")
-
-found = host.get_fact(fleet.HostState, root=layout.root)
-for line in fleet.host_lines(found, host.name, expected):
-    logger.info(f"{host.print_prefix}{line}")
-
+# the host's root, the deployment the site names for it (said when it is missing; the host's own folders decide
+# the rest), lines or also one JSON document
+plan = fleet.status_planned(host)
+# every deployment under the root, also those the site no longer names: one read-only fact
+found = fleet.host_read(host, plan)
+fleet.host_reported(host, found, plan)
 # a multi-node group is one vLLM instance: judged whole once every host is read, on its leader's lines
-for group in nodegroup.status_read(state, host, found) or []:
-    leader = state.inventory.get_host(next((name for name in group["nodes"] if name), host.name)) or host
-    say = logger.info if group["state"] == "active" else logger.warning
-    say(f"{leader.print_prefix}{nodegroup.group_line(group)}")
-
-if want_json:
-    if not fleet.COLLECTED:
-        run_state = state
-
-        def print_document():
-            # hosts that failed (a connection that did not open) are said too, as not reached
-            hosts = {h.name: {"error": "not reached"} for h in run_state.failed_hosts}
-            hosts.update(fleet.COLLECTED)
-            # each multi-node group judged as one instance (operations/nodegroup.py group_status)
-            groups = nodegroup.board_of(run_state).groups
-            sys.stdout.write(json.dumps({"hosts": hosts, "groups": groups}, indent=2, sort_keys=True) + "\n")
-            sys.stdout.flush()
-
-        atexit.register(print_document)
-    fleet.COLLECTED[host.name] = fleet.host_document(found, expected)
+nodegroup.groups_reported(state, host, found)
+# --data json=true: this host's document kept for the run; the whole run's printed on stdout when it ends
+fleet.document_collected(host, found, plan)

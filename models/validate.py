@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import os
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +31,7 @@ from .schema import CatalogEntry, SiteSettings, VllmRuntime
 if TYPE_CHECKING:
     from pyinfra.api.host import Host
     from pyinfra.api.inventory import Inventory
+    from pyinfra.api.state import State
 
 # data keys that belong to pyinfra, not heavylift: connector settings and operation arguments.
 # From pyinfra 3.10: connectors/ssh.py (ssh_*), docker.py (docker_*, also used by @podman),
@@ -538,7 +538,24 @@ def _site_source_problems(hosts: list[Host], deployments: dict[str, Deployment],
     return problems
 
 
-_RESULTS: weakref.WeakKeyDictionary[Inventory, dict[str, tuple[dict[str, Deployment], list[str]]]] = weakref.WeakKeyDictionary()
+# where a run keeps what it validated, by catalog folder: an attribute of the run's own object (``run_of``)
+RESULTS_ATTRIBUTE = "heavylift_validated"
+
+
+def run_of(host: Host) -> State | Inventory:
+    """The object one run's fleet-wide results are kept on (this module's validation, resolve/nodes.py's group
+    plan): pyinfra's State, one per run (``State.init`` ties it to its inventory), or the inventory itself where it
+    has no State (API use, tests). An attribute of that object, not a module's dict keyed by it: two runs in one
+    process never share results, they go with the run's objects, and pyinfra's context proxy (``from pyinfra import
+    state``, which defines ``__eq__`` but no ``__hash__``) can never be a key in their place."""
+    inventory = host.inventory
+    state = getattr(inventory, "state", None)  # set by State.init; an inventory without a State has none
+    return state if state is not None else inventory
+
+
+def _results_of(host: Host) -> dict[str, tuple[dict[str, Deployment], list[str]]]:
+    """This run's validation results by catalog folder: (every active host's Deployment, the problems found)."""
+    return vars(run_of(host)).setdefault(RESULTS_ATTRIBUTE, {})
 
 
 def _hosts_to_check(host: Host) -> list[Host]:
@@ -564,14 +581,14 @@ def load_deployment(
       an unsupported model
 
     The first call validates every active host of the inventory and keeps the result for
-    the other hosts' calls in the same run.
+    the other hosts' calls in the same run, on the run's own object (``run_of``).
     """
     catalog = catalog_folder(catalog_dir)
-    per_inventory = _RESULTS.setdefault(host.inventory, {})
+    per_run = _results_of(host)
     key = str(catalog.resolve())
-    if key not in per_inventory or host.name not in per_inventory[key][0] and not per_inventory[key][1]:
-        per_inventory[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of)
-    deployments, problems = per_inventory[key]
+    if key not in per_run or host.name not in per_run[key][0] and not per_run[key][1]:
+        per_run[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of)
+    deployments, problems = per_run[key]
     if problems:
         raise combine(problems)
     return deployments[host.name]
@@ -580,7 +597,7 @@ def load_deployment(
 def validated_deployments(host: Host) -> dict[str, Deployment]:
     """Every active host's Deployment in this run, by host name: what ``load_deployment`` validated
     together (the fleet-wide checks, such as the waves of operations/waves.py, read it)."""
-    for deployments, problems in _RESULTS.get(host.inventory, {}).values():
+    for deployments, problems in _results_of(host).values():
         if host.name in deployments and not problems:
             return deployments
     load_deployment(host)

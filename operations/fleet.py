@@ -6,25 +6,29 @@ nothing written) and returns every deployment under ``<root>/deployments/``: its
 supervisor sees it (systemd or the fallback's pidfile) with the last error line of its log, the
 last readiness gate's figures (``status.json``), GPUs and disk. ``status.py`` prints it;
 ``rollback.py``, ``retire.py`` and the snapshot collection (``diskgc.py``) decide from it.
+
+status.py's steps: ``status_planned`` (what to read and how to say it, from the host's data), ``host_read`` (the
+fact), ``host_reported`` (its lines), nodegroup.py ``groups_reported`` (each multi-node group judged as one) and
+``document_collected`` (``--data json=true``: the host's document, kept for the run on its ``StatusDocuments``
+and printed with every other host's as one JSON document on stdout when the run ends).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import sys
+from dataclasses import dataclass
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra import logger
+from pyinfra.api import BaseStateCallback, FactBase, QuoteString, StringCommand
 
 from resolve.address import url_host
 from resolve.layout import Layout
 
-from . import hostpython
-
+from . import hostpython, nodegroup
 from .readiness import startup_text
 from .weights import human_bytes
-
-# status.py --data json=true: each host's document, printed together when the run ends
-COLLECTED: dict[str, dict] = {}
-
 
 
 class HostState(FactBase):
@@ -159,3 +163,85 @@ def host_document(state: dict, expected: str | None = None) -> dict:
     if expected and expected not in deployments:
         document["missing"] = [expected]
     return document
+
+
+# --- status.py's steps --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusPlan:
+    """What status.py reads of one host and how it says it, decided once from the host's data."""
+
+    layout: Layout  # the host's root (``root``, else heavylift's default): its deployments are read from there
+    expected: str | None  # the deployment the site names for this host, said when the host does not have it
+    as_json: bool  # ``--data json=true``: the run also prints one JSON document on stdout
+
+
+def status_planned(host) -> StatusPlan:
+    """This host's StatusPlan. The host's own folders decide which deployments it has; the site's data only
+    names the root, the deployment it expects there (``deployment``, else ``model``) and ``json``."""
+    return StatusPlan(
+        layout=Layout.of_host(host.data.get("root")),
+        expected=host.data.get("deployment") or host.data.get("model"),
+        as_json=str(host.data.get("json", "")).lower() in ("1", "true", "yes"),
+    )
+
+
+def host_read(host, plan: StatusPlan) -> dict:
+    """The host's own state under the plan's root: one read-only fact (``HostState``), no operation, no lock."""
+    return host.get_fact(HostState, root=plan.layout.root)
+
+
+def host_reported(host, found: dict, plan: StatusPlan) -> None:
+    """The host's status as lines on pyinfra's output (``host_lines``), each with the host's prefix."""
+    for line in host_lines(found, host.name, plan.expected):
+        logger.info(f"{host.print_prefix}{line}")
+
+
+class StatusDocuments(BaseStateCallback):
+    """One per run (pyinfra's State, as nodegroup.py's ``GroupBoard``): status.py's JSON document of each host
+    read, by host name, printed together when the run ends (``document_printed``). Two runs in one process (two
+    States) never share documents."""
+
+    def __init__(self):
+        self.hosts: dict[str, dict] = {}
+        self.printing = False  # document_printed is registered to run when the process exits
+
+
+def documents_of(state) -> StatusDocuments:
+    """The run's StatusDocuments, added to ``state``'s callback handlers the first time it is asked for."""
+    documents = next((h for h in state.callback_handlers if isinstance(h, StatusDocuments)), None)
+    if documents is None:
+        documents = StatusDocuments()
+        state.add_callback_handler(documents)
+    return documents
+
+
+def document_collected(host, found: dict, plan: StatusPlan) -> None:
+    """``--data json=true``: the host's document (``host_document``) kept on its run's StatusDocuments; the first
+    host's call has the whole run's document printed when the process exits, after pyinfra's own output. The run
+    is the State the host was initialised in (``host.state``): the object itself, not pyinfra's context proxy,
+    which the exit would read outside any context."""
+    if not plan.as_json:
+        return
+    run = host.state
+    documents = documents_of(run)
+    if not documents.printing:
+        documents.printing = True
+        atexit.register(document_printed, run)
+    documents.hosts[host.name] = host_document(found, plan.expected)
+
+
+def fleet_document(state) -> dict:
+    """The run's JSON document: every host's document (a host that failed, such as a connection that did not open,
+    as not reached) under ``hosts``, and each multi-node group judged as one instance (nodegroup.py
+    ``group_status``) under ``groups``."""
+    hosts = {h.name: {"error": "not reached"} for h in state.failed_hosts}
+    hosts.update(documents_of(state).hosts)
+    return {"hosts": hosts, "groups": nodegroup.board_of(state).groups}
+
+
+def document_printed(state) -> None:
+    """The run's document on stdout, the only thing status.py writes there (pyinfra writes to stderr)."""
+    sys.stdout.write(json.dumps(fleet_document(state), indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()

