@@ -2,13 +2,16 @@
 streams server-sent events with the timing each case needs (steady, bunched, merged chunks, too short).
 
 A figure is tokens over the wall time from the first token to the last; when the stream cannot
-give one that means something, the probe says why and prints none.
+give one that means something, the probe says why and prints none. Also the script's wait-health
+mode (systemd's ExecStartPost).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +20,8 @@ import pytest
 
 from operations import readiness
 from operations.scripts import readiness_probe as probe
+
+PROBE_SCRIPT = probe.__file__
 
 
 class Stream(BaseHTTPRequestHandler):
@@ -146,3 +151,21 @@ def test_report_line_says_why_there_is_no_decode_figure():
     line = readiness.report_line({"deployment": "d", "release": "r", "vllm": "v", "model": "m"}, result, "http://h:1/v1")
     assert line.endswith("ttft 0.04 s decode - (the 16 tokens arrived bunched (2 reads, up to 15 tokens in one): the "
                          "time between them is not the decode time)")
+
+
+def test_wait_health_fails_at_once_when_the_units_main_process_is_gone():
+    """ExecStartPost: systemd waits for it even after vLLM died; it must not wait for TimeoutStartSec."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    started = time.monotonic()
+    waited = subprocess.run([sys.executable, str(PROBE_SCRIPT), "wait-health", "http://127.0.0.1:9"],
+                            env={"MAINPID": str(dead.pid)}, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 30
+    assert waited.returncode == 1 and f"vLLM (pid {dead.pid}) exited before /health answered" in waited.stderr
+    # while the main process lives, it keeps waiting (here: until the timeout ends it, past its second look:
+    # it looks every 2 s)
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, str(PROBE_SCRIPT), "wait-health", "http://127.0.0.1:9"],
+                       env={"MAINPID": str(os.getpid())}, capture_output=True, timeout=3)
