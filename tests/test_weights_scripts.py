@@ -8,7 +8,6 @@ weights operation's plan line and the new settings.
 import glob
 import hashlib
 import json
-import logging
 import os
 import sys
 import time
@@ -24,7 +23,6 @@ import verify_weights  # noqa: E402
 
 if "pyinfra_fixtures" not in sys.modules:
     pytest.register_assert_rewrite("pyinfra_fixtures")
-from pyinfra_fixtures import run_operation  # noqa: E402
 
 
 # --- progress ---------------------------------------------------------------------------------
@@ -338,63 +336,7 @@ def test_fetch_refuses_a_download_that_does_not_match_the_hub(fetch_setup):
     assert not manifest.exists()
 
 
-# --- the operation's plan line and the settings -----------------------------------------------
-
-def plan_case(present, free_gb):
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    local_dir, manifest = f"/r/models/org--m/{commit}", f"/r/models/org--m/{commit}.manifest.json"
-    files = [{"path": "a.safetensors", "size": 3 * 10**9, "sha256": None}, {"path": "b.safetensors", "size": 10**9, "sha256": None}]
-    request = manifest.removesuffix(".json") + ".request.json"
-    facts = {
-        "weights.WeightsManifest": {f"folder={local_dir}, manifest={manifest}": {"state": "absent", "present": present}},
-        "weights.FreeSpace": {f"path={local_dir}": {"path": "/r", "free_bytes": int(free_gb * 1e9), "total_bytes": 10**12}},
-        "files.File": {f"path={request}": None},
-        "files.Directory": {f"path={request}": None, "path=/r/models/org--m": None},
-    }
-    kwargs = {"snapshot": {"repo": "org/m", "commit": commit, "files": files}, "local_dir": local_dir,
-              "manifest": manifest, "python": "/p", "script_dir": "/s"}
-    return kwargs, facts
-
-
-def test_plan_line_logged_at_prepare_not_while_executing(caplog):
-    from operations import weights
-
-    kwargs, facts = plan_case({"a.safetensors": 3 * 10**9}, 30)
-    caplog.set_level(logging.INFO, logger="pyinfra")
-    run_operation(weights.downloaded, kwargs, facts)
-    assert [r.getMessage() for r in caplog.records if "weights" in r.getMessage()] == [
-        "weights org/m@0123456789ab: 1 files, 1.0 GB to fetch, 1 files to re-verify, 29.0 GB free after on /r"
-    ]
-    caplog.clear()
-    run_operation(weights.downloaded, kwargs, facts, executing=True)
-    assert not [r for r in caplog.records if "weights" in r.getMessage()]
-
-
-def test_plan_line_names_resumed_and_stale_partial_bytes():
-    from operations.weights import WeightsPlan
-
-    plan = WeightsPlan(label="org/m@0123456789ab", to_fetch=("a", "b"), fetch_bytes=2 * 10**9, to_verify=(),
-                       up_to_date=False, free={"path": "/r", "free_bytes": 10**9, "total_bytes": 10**12},
-                       margin_bytes=0, resume_bytes=3 * 10**9, stale_bytes=4 * 10**9)
-    assert plan.summary() == ("2 files, 2.0 GB to fetch (3.0 GB more resumed from partial files), 4.0 GB of a dead "
-                              "run's partial files to remove, 0 files to re-verify, 3.0 GB free after on /r")
-    plan.check_fits()  # 2 GB fit 1 GB free + 4 GB freed
-
-
-def test_preflight_raises_before_any_operation():
-    from pyinfra.api import OperationError
-    from pyinfra.context import ctx_host, ctx_state
-
-    from operations import weights
-    from pyinfra_fixtures import FakeHost, FakeState, coerce
-
-    kwargs, facts = plan_case({}, 10)
-    snapshot = coerce(kwargs["snapshot"], weights.Snapshot)
-    with ctx_state.use(FakeState()), ctx_host.use(FakeHost(facts)):
-        with pytest.raises(OperationError, match=r"^testhost: org/m@0123456789ab: 4\.0 GB still to download but /r has 10\.0 GB free \(margin 20 GB\)"):
-            weights.preflight(snapshot, kwargs["local_dir"], kwargs["manifest"])
-        plan = weights.preflight(snapshot, kwargs["local_dir"], kwargs["manifest"], disk_margin_gb=0.5)
-    assert plan.fetch_bytes == 4 * 10**9 and plan.headroom_after == 6 * 10**9
+# --- the settings (the operation's plan line: test_operations_weights.py) ---------------------
 
 
 def test_settings_verify_and_disk_margin():
