@@ -639,7 +639,10 @@ class SiteSettings(Strict):
         description="longest back-off between restarts (RestartMaxDelaySec, systemd 254+); at least restart_delay",
     )
     shutdown_timeout: int = Field(
-        default=30, ge=0, le=3600, description="seconds vLLM drains in-flight requests after SIGTERM (--shutdown-timeout)"
+        default=30, ge=0, le=3600,
+        description="seconds vLLM drains in-flight requests after SIGTERM (--shutdown-timeout); set it above your longest "
+                    "request (max_tokens over one stream's decode rate): past it vLLM 0.32 kills its engine and the "
+                    "unfinished streams hang until the stop's SIGKILL, this plus 30 s (docs/fleet.md)",
     )
     limit_nofile: int = Field(default=1048576, ge=1024, description="open files limit of the service (LimitNOFILE)")
     benchmark_tokens: int = Field(default=32, ge=0, le=4096, description="tokens decoded by the readiness benchmark; 0 skips it")

