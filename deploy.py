@@ -4,7 +4,7 @@
     pyinfra inventory/<site>.py deploy.py --dry --diff           show what would change
     pyinfra inventory/<site>.py deploy.py --data until=prepare   everything but the switch, restart and gate
 
-The rollout, top to bottom: validate and plan (resolve/, no host changes) -> runtime -> weights ->
+The rollout, top to bottom: validate and plan (resolve/, no host changes) -> the disk check -> runtime -> weights ->
 overlay -> release -> switch -> service -> readiness gate (the last three in waves where the site sets
 wave_size or max_unavailable). One call per stage (operations/rollout.py),
 each taking its part of the plan.
@@ -41,7 +41,7 @@ def rollout_stages():
     wave by wave (wave_size / max_unavailable, operations/waves.py); a wave is held, untouched, once any host
     of the run has failed."""
     stale = rollout.runtime_converged(plan)
-    host_state, snapshots_before = rollout.weights_present(plan)
+    host_state, snapshots_before = rollout.weights_present(plan, disk)
     stale += rollout.overlay_rendered(plan)
     stale += rollout.release_staged(plan)
     rollout.readable(plan)
@@ -54,5 +54,11 @@ def rollout_stages():
         rollout.wave_rolled_back(wave_plan, wave, switched, gate)
 
 
-# one run at a time per host: the lock is taken before the first change and given back after the last
-hostlock.with_lock(host, state, plan.layout.lock, context.dry, rollout_stages)
+# the disk check of the weights, before any change: a host whose disk cannot hold the checkpoint holds the whole
+# run, or is left untouched and failed while the others go on (when_disk_too_small)
+disk = rollout.disk_checked(plan)
+if disk.refusal:
+    rollout.refused(plan, disk, wave_plan)
+else:
+    # one run at a time per host: the lock is taken before the first change and given back after the last
+    hostlock.with_lock(host, state, plan.layout.lock, context.dry, rollout_stages)

@@ -586,6 +586,12 @@ class SiteSettings(Strict):
         default=20, ge=0,
         description="GB to keep free on the weights' disk beyond the download; a download that does not fit fails before it starts",
     )
+    when_disk_too_small: Literal["hold", "proceed"] = Field(
+        default="hold",
+        description="a host whose disk cannot hold the checkpoint (found while the run is prepared, before any host "
+        "changes): hold refuses the whole run, every host untouched; proceed leaves that host untouched and failed "
+        "(the run fails, naming it) while the other hosts converge, their waves not held by it",
+    )
     verify: Literal["fast", "full"] = Field(
         default="fast",
         description="fast: trust the manifest's size and mtime; full: re-hash every weights file on the host and fetch again only those that fail",

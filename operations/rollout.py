@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 from pyinfra import host, logger, state
+from pyinfra.api import OperationError
 from pyinfra.operations import files
 from pyinfra.operations.util.files import generate_color_diff
 
@@ -140,10 +141,48 @@ def runtime_converged(plan):
     return list(runtime.vllm_runtime(layout, part))
 
 
-def weights_present(plan):
-    """The pinned snapshot, downloaded on the host and verified into a manifest; old snapshots removed first.
+@dataclasses.dataclass(frozen=True)
+class DiskCheck:
+    """The disk check of the weights, made while the run is prepared, before any stage adds an operation."""
 
-    Returns what the removal planned (the after-switch removal adds to it)."""
+    host_state: dict  # the host's deployments and snapshots (fleet.HostState, light)
+    before: diskgc.SnapshotPlan  # the snapshots no kept release needs, removed before the download
+    refusal: str | None  # why the download cannot fit (host, checkpoint, needed and free figures), or None
+
+
+def disk_checked(plan) -> DiskCheck:
+    """Whether the snapshot's files still to fetch fit the host's disk, counting what the removal of old snapshots
+    frees (operations/diskgc.py). A refusal is the site's to act on (``when_disk_too_small``, ``refused``)."""
+    part = plan.weights
+    host_state = host.get_fact(fleet.HostState, root=plan.layout.root, light=True)
+    before = diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots)
+    try:
+        weights.preflight(part.snapshot, part.content_dir, part.manifest, part.verify, part.disk_margin_gb,
+                          freed_bytes=before.freed_bytes)
+    except OperationError as error:
+        return DiskCheck(host_state, before, str(error))
+    return DiskCheck(host_state, before, None)
+
+
+def refused(plan, check: DiskCheck, wave_plan) -> None:
+    """A host whose disk cannot hold the checkpoint, as the site says (``when_disk_too_small``): ``hold`` ends
+    the whole run here, while it is prepared, so no host changes; ``proceed`` leaves this host untouched (no
+    lock, no operation but the one that fails it when the run executes) and keeps it from holding the waves of
+    the others (operations/waves.py)."""
+    if plan.weights.when_too_small != "proceed":
+        raise OperationError(f"{check.refusal} Or set when_disk_too_small: proceed to let the other hosts go on "
+                             "without this one. No host was changed.")
+    logger.warning(f"{host.print_prefix}refused: {check.refusal}; this host is left untouched and fails, the others "
+                   "go on (when_disk_too_small: proceed)")
+    waves.excused(host, state, wave_plan, "its disk cannot hold the checkpoint")
+    weights.refused(name="disk too small for the checkpoint: host left untouched", why=check.refusal)
+
+
+def weights_present(plan, check: DiskCheck):
+    """The pinned snapshot, downloaded on the host and verified into a manifest; old snapshots removed first
+    (what ``check`` planned: ``disk_checked``).
+
+    Returns the host's state and what the removal planned (the after-switch removal adds to it)."""
     layout, part = plan.layout, plan.weights
     for script in weights.HOST_SCRIPTS:
         files.put(name=f"heavylift host script {script}", src=f"{weights.SCRIPTS_DIR}/{script}", dest=layout.script(script))
@@ -157,13 +196,9 @@ def weights_present(plan):
             name="Hub token for downloads (0600, never shown)", path=token_file,
             content=SecretStr(part.token.get_secret_value() + "\n"),
         )
-    # snapshots no kept release needs go first, and the disk check counts what that frees (operations/diskgc.py)
-    host_state = host.get_fact(fleet.HostState, root=layout.root, light=True)
-    before = diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots)
+    # snapshots no kept release needs go first; the disk check counted what that frees
+    host_state, before = check.host_state, check.before
     diskgc.snapshots_pruned(name="old snapshots (before the download)", plan=before)
-    # the disk check, at prepare time: a download that cannot fit stops the run before any host changes
-    weights.preflight(part.snapshot, part.content_dir, part.manifest, part.verify, part.disk_margin_gb,
-                      freed_bytes=before.freed_bytes)
     download = dict(
         snapshot=part.snapshot, local_dir=part.content_dir, manifest=part.manifest,
         python=f"{plan.runtime.hub_venv.path}/bin/python", script_dir=layout.scripts, endpoint=part.hf_endpoint,

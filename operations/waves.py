@@ -149,6 +149,7 @@ class _Rollout(BaseStateCallback):
         self.decisions: dict[int, str | None] = {}  # wave index -> why it is held (None: it goes)
         self.failures: list[tuple[str, str]] = []  # (host, what failed), in order
         self.rolled_back: dict[str, str] = {}  # host -> why it was put back with its wave
+        self.excused: dict[str, str] = {}  # host -> why it was left out (refused while prepared): it holds no wave
 
     # pyinfra's callbacks (api/state.py BaseStateCallback)
     def host_connect_error(self, state, host, error):
@@ -166,8 +167,8 @@ class _Rollout(BaseStateCallback):
     def decide(self, index: int, failed_hosts) -> str | None:
         """Held (why) or None: a wave goes only while no host of the run has failed."""
         if index not in self.decisions:
-            failed = [name for name, _ in self.failures if name in {h.name for h in failed_hosts}] or \
-                sorted(h.name for h in failed_hosts)
+            counted = {h.name for h in failed_hosts} - set(self.excused)
+            failed = [name for name, _ in self.failures if name in counted] or sorted(counted)
             if failed:
                 first = next(((n, what) for n, what in self.failures if n == failed[0]), (failed[0], "it failed"))
                 self.decisions[index] = f"the rollout stopped before {self.plan.label(index)}: {first[0]}: {first[1]}"
@@ -177,6 +178,13 @@ class _Rollout(BaseStateCallback):
 
     def goes(self, index: int) -> bool:
         return self.decisions.get(index) is None
+
+
+def excused(host, state, plan: WavePlan, why: str) -> None:
+    """``host`` was left out of this run while it was prepared (``when_disk_too_small: proceed``): its failure
+    holds no wave of the other hosts; the summary still names it."""
+    if plan.rolling:
+        rollout_of(state, plan).excused[host.name] = why
 
 
 def rollout_of(state, plan: WavePlan) -> _Rollout:

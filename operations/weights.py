@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from resolve.hub import HubFile, Snapshot, matches  # noqa: F401 (what the operations take)
@@ -216,6 +216,25 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
         # and pyinfra prints it without the host: a fleet's operator must see which host has too little disk
         raise OperationError(f"{host.name}: {error}") from None
     return plan
+
+
+@operation()
+def refused(why: str):
+    """
+    A host the run leaves untouched because its disk cannot hold the checkpoint (``when_disk_too_small:
+    proceed``): this operation fails it when the run executes, saying why, so the run ends failed and names it.
+
+    + why: the disk check's refusal (host, checkpoint, needed and free figures)
+    """
+    if not state.is_executing:
+        host.noop(f"refused: {why}")
+        return
+    yield FunctionCommand(_refuse, (why,), {})
+
+
+def _refuse(state, host, why):
+    host.log_styled(f"refused, left untouched: {why}", fg="red", log_func=logger.error)
+    return False
 
 
 @operation()

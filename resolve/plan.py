@@ -67,6 +67,7 @@ class WeightsPart:
     workers: int
     verify: str
     disk_margin_gb: float
+    when_too_small: str  # "hold": the run is refused; "proceed": this host alone fails, untouched
     stall_seconds: int
     tries: int
     keep_snapshots: int
@@ -574,7 +575,8 @@ def make_plan(
         weights=WeightsPart(
             snapshot=snapshot, content_dir=content_dir, manifest=layout.manifest(snapshot.repo, snapshot.commit),
             hf_endpoint=settings.hf_endpoint, workers=settings.download_workers, verify=settings.verify,
-            disk_margin_gb=settings.disk_margin_gb, stall_seconds=settings.download_stall_seconds,
+            disk_margin_gb=settings.disk_margin_gb, when_too_small=settings.when_disk_too_small,
+            stall_seconds=settings.download_stall_seconds,
             tries=settings.download_tries, keep_snapshots=settings.keep_snapshots, token=token,
             site_source=site_source,
         ),

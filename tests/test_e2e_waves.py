@@ -374,3 +374,36 @@ def test_a_host_whose_disk_cannot_hold_the_new_checkpoint_holds_the_rollout_befo
                 bed[name].run(f"ls {DEPLOYMENT_DIR}/releases").stdout) == before[name], name
         assert bed[name].run(f"ls -A {small} 2>/dev/null").stdout == "", name  # not a byte, anywhere
         assert complete(PORTS[name])["choices"][0]["text"] is not None
+
+
+def test_a_site_that_says_proceed_leaves_the_small_disk_host_out_and_converges_the_others(fleet):
+    """The same small disk on host3, and the site says ``when_disk_too_small: proceed`` (two hosts at a time):
+    host3 gets nothing but its failure (no lock, no byte, the same vLLM), its refusal holds no wave, host1 and host2
+    move to the new checkpoint and serve it, and the run fails naming host3."""
+    bed = fleet["bed"]
+    before = {name: (current_release(bed[name]), read_pid(bed[name])) for name in NAMES}
+    small = f"{TEST_ROOT}/models/heavylift--tiny-llama-tp8"
+    mounted = bed["host3"].run(f"mkdir -p {small} && mount -t tmpfs -o size=1m tmpfs {small}")
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        fleet["write"](extra_args={name: AFTER_FAULTS for name in NAMES}, max_unavailable=2, model="tiny-llama-tp8",
+                       deployment="tiny-llama", disk_margin_gb=0, when_disk_too_small="proceed")
+        run = run_pyinfra(fleet["inventory"])
+        host3_files = bed["host3"].run(f"ls -A {small}").stdout
+    finally:
+        bed["host3"].run(f"umount {small}")
+    output = run.output
+    assert run.returncode != 0, output[-5000:]
+    assert re.search(r"\[host3\] refused, left untouched: host3: heavylift/tiny-llama-tp8@[0-9a-f]{12}: [\d.]+ [kM]B still "
+                     rf"to download but {re.escape(small)} has", output), output[-5000:]
+    assert "--> Rolling out in 2 waves (tiny-llama: 2 at a time): 1: host1, host2; 2: host3" in output, output[-5000:]
+    assert "held" not in output.split("--> Rolling out", 1)[-1], output[-5000:]  # host3 held no wave
+    assert (current_release(bed["host3"]), read_pid(bed["host3"])) == before["host3"] and host3_files == ""
+    assert bed["host3"].run(f"test -e {TEST_ROOT}/deploy.lock").returncode != 0
+    assert complete(PORTS["host3"])["choices"][0]["text"] is not None
+    for name in ("host1", "host2"):
+        assert current_release(bed[name]) != before[name][0] and running_release(bed[name]) == current_release(bed[name])
+        status = json.loads(bed[name].run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
+        assert status["healthy"] and status["release"] == current_release(bed[name]), status
+        assert "tiny-llama-tp8" in json.dumps(status), status
+

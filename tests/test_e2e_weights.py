@@ -50,7 +50,7 @@ runtime.venv(
     name="Hub client venv", path=part.hub_venv.path, spec=part.hub_venv.spec,
     uv_path=layout.uv, uv_cache=layout.uv_cache, check=part.hub_venv.check,
 )
-rollout.weights_present(plan)
+rollout.weights_present(plan, rollout.disk_checked(plan))
 '''
 
 

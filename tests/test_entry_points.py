@@ -94,6 +94,7 @@ def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dr
     monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves(
         {"h1": deployment, "h2": deployment}, ["h1", "h2"]))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
+    monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
     for name, label, result in [
         ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
         ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
@@ -115,6 +116,7 @@ def test_deploy_until_prepare_stops_before_the_switch_and_still_gives_the_lock_b
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
     monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
+    monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
     for name, label, result in [
         ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
         ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
@@ -123,6 +125,40 @@ def test_deploy_until_prepare_stops_before_the_switch_and_still_gives_the_lock_b
         monkeypatch.setattr(rollout, name, stage(label, result))
     state = prepared("deploy.py")
     assert assert_lock_around(state, cli, False) == ["runtime", "weights", "overlay", "release", "readable"]
+
+
+@pytest.mark.parametrize("when", ["hold", "proceed"])
+def test_deploy_with_a_disk_too_small_on_one_host_holds_the_run_or_leaves_that_host_out(cli, monkeypatch, when):
+    """when_disk_too_small: hold ends the run while it is prepared, before any host has an operation; proceed gives
+    the refused host one operation, the one that fails it, and no lock, while the other host rolls out."""
+    from operations import weights
+    from pyinfra.api import OperationError
+
+    plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="serve",
+                           weights=SimpleNamespace(when_too_small=when))
+    monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
+    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
+    monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
+    why = "h2: heavylift/tiny@0123456789ab: 5.0 MB still to download but /opt/heavylift/models has 1.0 MB free (margin 0 GB)."
+    monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(
+        refusal=why if pyinfra.host.name == "h2" else None))
+    for name, label, result in [
+        ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
+        ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
+        ("release_switched", "switch", None), ("service_running", "service", (None, None)),
+        ("gate_passed", "gate", dict), ("wave_rolled_back", "wave rollback", None),
+    ]:
+        monkeypatch.setattr(rollout, name, stage(label, result))
+    if when == "hold":
+        with pytest.raises(OperationError, match="set when_disk_too_small: proceed .* No host was changed"):
+            prepared("deploy.py")
+        return
+    state = prepared("deploy.py")
+    h1, h2 = state.inventory.get_host("h1"), state.inventory.get_host("h2")
+    assert names(state, h2.op_hash_order) == ["disk too small for the checkpoint: host left untouched"]
+    assert [entry[0] for entry in cli] == ["h1"]  # only the host that changes takes its lock
+    assert names(state, h1.op_hash_order)[0] == "runtime" and names(state, h1.op_hash_order)[-1] == GIVEN_BACK
+    assert weights.refused  # the operation a refused host gets (its cases: tests/operations/weights.refused)
 
 
 def test_with_lock_gives_back_after_the_steps_where_a_with_block_would_not(cli):

@@ -107,6 +107,21 @@ def test_a_failed_wave_holds_the_waves_after_it(bed):
         assert line in run.output, run.output[-3000:]
 
 
+@pytest.mark.e2e  # real pyinfra runs (3-5 s each): the full suite's
+@pytest.mark.parametrize("refused", [0, 1], ids=["first-wave", "middle-wave"])
+def test_a_host_refused_while_prepared_holds_no_wave_and_fails_the_run(bed, refused):
+    """when_disk_too_small: proceed: the refused host gets nothing but its failure; every other wave goes."""
+    folders, inventory = bed
+    name = NAMES[refused]
+    run = run_pyinfra(inventory, "--data", "wave_size=1", "--data", f"waves_refuse={name}", deploy="testbed/waves_deploy.py")
+    assert run.returncode != 0, run.output[-4000:]  # the run names what it left out
+    assert f"refused, left untouched: {name}: refused while prepared (stand-in)" in run.output, run.output[-4000:]
+    assert switched_at(folders[name]) == [] and not folders[name].exists()  # not even the prepared folder
+    others = [other for other in NAMES if other != name]
+    assert all(len(switched_at(folders[other])) == 1 for other in others), run.output[-4000:]
+    assert "held" not in run.output.split("--> Rolling out", 1)[-1].split("--> Rollout")[0], run.output[-4000:]
+
+
 def test_a_wave_setting_on_a_multi_node_deployment_is_refused():
     """A multi-node group is one vLLM instance: cut into waves, a node would restart without its peers."""
     from models.errors import HeavyliftConfigError
