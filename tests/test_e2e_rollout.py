@@ -217,6 +217,13 @@ def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
     print(f"\nsecond run blocked in {blocked_seconds:.1f} s; rollback re-gated, load {status['load_seconds']} s")
     print("\n".join(line for line in (blocked.output + output).splitlines()
                     if re.search(r"locked by|rolling back|rolled back|no-such-vllm-flag|report:", line))[:3000])
+    # the site back to what serves: the next run restarts nothing, though the staging launcher it rewrites still
+    # held the failed release's text (the release it names is the one running)
+    pid = read_pid(host)
+    site["write"]()
+    back = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(back.output)
+    assert back.returncode == 0 and read_pid(host) == pid and current_release(host) == good, back.output[-5000:]
 
 
 def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):

@@ -13,7 +13,9 @@ from testbed.traffic import Outage, Report, Request, Traffic, max_overlap
 
 
 class Server(http.server.ThreadingHTTPServer):
-    mode = "ok"  # "ok": a whole stream; "drain": 503; "break": the stream stops after two tokens
+    # "ok": a whole stream; "merged": the same 2 tokens in one event, as vLLM merges them when it falls behind;
+    # "drain": 503; "break": the stream stops after two tokens
+    mode = "ok"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -41,11 +43,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        for _ in range(2):
-            self.wfile.write(b"data: " + json.dumps({"choices": [{"text": "x"}]}).encode() + b"\n\n")
+        for text in ["x x"] if mode == "merged" else ["x", "x"]:
+            self.wfile.write(b"data: " + json.dumps({"choices": [{"text": text}]}).encode() + b"\n\n")
             self.wfile.flush()
-        if mode == "ok":
-            self.wfile.write(b"data: [DONE]\n\n")
+        if mode in ("ok", "merged"):
+            usage = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
+            self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
         self.close_connection = True
 
 
@@ -59,7 +62,8 @@ def server():
     srv.server_close()
 
 
-@pytest.mark.parametrize(("mode", "outcome", "tokens"), [("ok", "ok", 2), ("drain", "refused", 0), ("break", "broken", 2)])
+@pytest.mark.parametrize(("mode", "outcome", "tokens"), [
+    ("ok", "ok", 2), ("merged", "ok", 2), ("drain", "refused", 0), ("break", "broken", 2)])
 def test_a_request_is_ok_refused_or_broken_by_what_the_server_did(server, mode, outcome, tokens):
     server.mode = mode
     traffic = Traffic({"a": f"http://127.0.0.1:{server.server_address[1]}"}, model="m")
