@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 import typing
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
@@ -149,14 +150,11 @@ def _connector_data_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
-# the options of heavylift's operator commands (``--data release=...`` for rollback.py): a command
-# declares its own before it validates the site, so deploy.py still refuses them as unknown keys
-COMMAND_KEYS: set[str] = set()
-
-
-def heavylift_data(host: Host) -> dict[str, Any]:
-    """The host's merged data (override, host, groups, all) without pyinfra's own keys."""
-    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key) and key not in COMMAND_KEYS}
+def heavylift_data(host: Host, command_keys: Collection[str] = ()) -> dict[str, Any]:
+    """The host's merged data (override, host, groups, all) without pyinfra's own keys, nor ``command_keys``: the
+    options of the entry point that validates (``--data release=...`` for rollback.py), given by it on each call,
+    so a key one command takes is still refused as unknown by the others (deploy.py)."""
+    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key) and key not in command_keys}
 
 
 # ---------------------------------------------------------------- where data came from
@@ -419,9 +417,11 @@ class _Catalog:
         return self.entries[name]
 
 
-def _check_host(host: Host, sources: DataSources | None, catalog: _Catalog) -> Deployment | list[str] | str:
+def _check_host(
+    host: Host, sources: DataSources | None, catalog: _Catalog, command_keys: Collection[str] = ()
+) -> Deployment | list[str] | str:
     """A Deployment; or the problems (lines); or the name of an unsupported model it asks for."""
-    data = heavylift_data(host)
+    data = heavylift_data(host, command_keys)
     problems = _settings_problems(host, data, sources, catalog.folder)
     if problems:
         return problems
@@ -457,11 +457,16 @@ def _unsupported(
 
 
 def validate_hosts(
-    hosts: list[Host], catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None, gpus_of=None
+    hosts: list[Host],
+    catalog_dir: str | os.PathLike | None = None,
+    sources: DataSources | None = None,
+    gpus_of=None,
+    command_keys: Collection[str] = (),
 ) -> tuple[dict[str, Deployment], list[str]]:
     """Every host's Deployment, and every problem found (one line each, each naming its file).
 
     + gpus_of: host -> one line naming its GPUs, for the refusal of an unsupported model
+    + command_keys: the data keys the calling entry point takes as its own options (not site keys)
     """
     catalog = _Catalog(catalog_folder(catalog_dir))
     if sources is None:
@@ -470,7 +475,7 @@ def validate_hosts(
     problems: list[str] = []
     unsupported: dict[str, list[tuple[Host, Origin]]] = {}
     for host in hosts:
-        result = _check_host(host, sources, catalog)
+        result = _check_host(host, sources, catalog, command_keys)
         if isinstance(result, Deployment):
             deployments[host.name] = result
         elif isinstance(result, str):
@@ -553,8 +558,9 @@ def run_of(host: Host) -> State | Inventory:
     return state if state is not None else inventory
 
 
-def _results_of(host: Host) -> dict[str, tuple[dict[str, Deployment], list[str]]]:
-    """This run's validation results by catalog folder: (every active host's Deployment, the problems found)."""
+def _results_of(host: Host) -> dict[tuple[str, frozenset[str]], tuple[dict[str, Deployment], list[str]]]:
+    """This run's validation results by catalog folder and command keys: (every active host's Deployment, the
+    problems found)."""
     return vars(run_of(host)).setdefault(RESULTS_ATTRIBUTE, {})
 
 
@@ -570,7 +576,11 @@ def _hosts_to_check(host: Host) -> list[Host]:
 
 
 def load_deployment(
-    host: Host, catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None, gpus_of=None
+    host: Host,
+    catalog_dir: str | os.PathLike | None = None,
+    sources: DataSources | None = None,
+    gpus_of=None,
+    command_keys: Collection[str] = (),
 ) -> Deployment:
     """The validated Deployment of ``host``; raises HeavyliftConfigError if any active host's data is bad.
 
@@ -579,15 +589,18 @@ def load_deployment(
     + sources: where the inventory's data came from; default: read from the pyinfra CLI's arguments
     + gpus_of: host -> one line naming its GPUs (deploy.py reads the host's fact), named in the refusal of
       an unsupported model
+    + command_keys: the data keys the entry point takes as its own options, left out of the site's data
+      (rollback.py: ``release``); deploy.py takes none, so any such key is refused there as unknown
 
     The first call validates every active host of the inventory and keeps the result for
-    the other hosts' calls in the same run, on the run's own object (``run_of``).
+    the other hosts' calls in the same run, on the run's own object (``run_of``), by catalog
+    folder and command keys.
     """
     catalog = catalog_folder(catalog_dir)
     per_run = _results_of(host)
-    key = str(catalog.resolve())
+    key = (str(catalog.resolve()), frozenset(command_keys))
     if key not in per_run or host.name not in per_run[key][0] and not per_run[key][1]:
-        per_run[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of)
+        per_run[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of, command_keys)
     deployments, problems = per_run[key]
     if problems:
         raise combine(problems)
