@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-import typing
-from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -112,24 +111,13 @@ def schema_hints() -> dict[str, str]:
     """A fix for every site field from the schema: its description, choices, bounds and default
     (models/settings_doc.py reads the same for docs/settings.md)."""
     # imported here: `python -m models.settings_doc` runs that module after models/__init__ imported this one
-    from .settings_doc import SECTIONS, bounds_text, default_text, type_text
+    from .settings_doc import SECTIONS, field_fix
 
-    hints = {}
-    for model, under in SECTIONS:
-        for name, field in model.model_fields.items():
-            path = f"{under}.{name}" if under else name
-            what = field.description or ""
-            if typing.get_origin(field.annotation) is Literal:
-                what = f"{type_text(field.annotation)} ({what})"
-            elif field.annotation is bool:
-                what = f"True or False ({what})"
-            said = [bounds_text(field).removeprefix(", ")]
-            if not field.is_required():
-                said.append("or remove it" if field.default is None and field.default_factory is None
-                            else f"default {default_text(field)}")
-            said = ", ".join(part for part in said if part)
-            hints[path] = f"set {path} to {what}" + (f": {said}" if said else "")
-    return {path: hint.replace("`", "") for path, hint in hints.items()}
+    return {
+        f"{under}.{name}" if under else name: field_fix(f"{under}.{name}" if under else name, field)
+        for model, under in SECTIONS
+        for name, field in model.model_fields.items()
+    }
 
 
 def is_pyinfra_key(key: str) -> bool:
