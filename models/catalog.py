@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from .errors import HeavyliftConfigError, closest, combine, display_path, explain_error
-from .schema import VLLM_DTYPES, CatalogEntry
+from .errors import HeavyliftConfigError, closest, combine, display_path, explain_error, model_at
+from .schema import CatalogEntry
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent
 CATALOG_ENV = "HEAVYLIFT_CATALOG"
@@ -25,34 +26,37 @@ CATALOG_ENV = "HEAVYLIFT_CATALOG"
 ENTRY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 SMALL_EXAMPLE = "models/tiny-llama.yaml"
 
-# how to fix a bad value, by dotted field path (the most specific one wins)
-CATALOG_HINTS: dict[str, str] = {
+# how to fix a bad value, by dotted field path (the most specific one wins): only where the fix says more than the
+# schema's Field(description=...) (a rule over several fields, YAML's quoting); every other field's fix is built from
+# the schema (catalog_hints), the one place a field is described
+CATALOG_FIXES: dict[str, str] = {
     "": "add a hub.allow_patterns entry that matches the weight files (e.g. '*.safetensors', or 'Q4_K_M/*.gguf' for a GGUF "
     "quant folder); a GGUF entry also names its tokenizer repo in serve.extra_args: ['--tokenizer', 'org/base-model']",
-    "description": 'give a one-line description, e.g. description: "Kimi K2.5 with NVFP4 weights by NVIDIA ModelOpt"',
-    "format": 'set format to "safetensors" or "gguf"',
-    "hub": "give hub as a mapping with repo, revision and allow_patterns",
-    "hub.repo": "write the Hub repo id as org/name, e.g. repo: nvidia/Kimi-K2.5-NVFP4",
     "hub.revision": 'give a branch or tag (revision: main) or a full 40-hex commit in quotes (revision: "<40 hex digits>") '
     "so that YAML keeps it a string",
-    "hub.allow_patterns": "list the glob patterns of the files to download, e.g. ['*.json', '*.safetensors']",
-    "serve": "give serve as a mapping (tensor_parallel_size, max_model_len, dtype, kv_cache_dtype, served_model_name, "
-    "extra_args, env)",
-    "serve.tensor_parallel_size": "set serve.tensor_parallel_size to the number of GPUs the model is sharded over (1-64)",
-    "serve.max_model_len": "set serve.max_model_len to a context length of at least 16 tokens, or remove it for vLLM's default",
-    "serve.dtype": f"set serve.dtype to one of {', '.join(VLLM_DTYPES)}, or remove it for vLLM's default",
-    "serve.kv_cache_dtype": "give a vLLM --kv-cache-dtype value as a string (auto, fp8, ...), or remove it",
-    "serve.served_model_name": "give the name clients ask for as a string, or remove it to use the hub repo id",
-    "serve.extra_args": "list one vLLM argument per item, e.g. ['--trust-remote-code']; use the serve.* keys for what "
-    "they cover",
     "serve.env": "map environment variable names to quoted strings, e.g. VLLM_CPU_KVCACHE_SPACE: \"1\"",
-    "config_patch": "give config_patch as reason plus config_json / hf_quant_config_json, each with remove: [dotted.key, ...] "
-    "and set: {dotted.key: value}",
-    "config_patch.reason": "say in a string why the patch exists, with its upstream source",
-    "support": "an unsupported entry gives support.reason (why, with its source) and support.fix (what to do instead)",
-    "support.status": 'set support.status to "supported" or "unsupported"',
-    "docs": "give the path of the entry's documentation relative to the repository, e.g. docs/models/<name>.md",
 }
+
+
+@lru_cache(maxsize=1)
+def catalog_hints() -> dict[str, str]:
+    """A fix for every field of a catalog entry, from the schema (as models/validate.py ``schema_hints`` for a site's):
+    a field's description, choices, bounds and default; a mapping's keys and what it is; then CATALOG_FIXES."""
+    # imported here: `python -m models.settings_doc` runs that module after models/__init__ imported this one
+    from .settings_doc import field_fix, mapping_fix
+
+    hints: dict[str, str] = {}
+
+    def add(model: type[BaseModel], under: str) -> None:
+        for name, field in model.model_fields.items():
+            path = f"{under}.{name}" if under else name
+            nested = model_at(model, (name,))
+            hints[path] = mapping_fix(path, nested, field.description) if nested else field_fix(path, field)
+            if nested:
+                add(nested, path)
+
+    add(CatalogEntry, "")
+    return {**hints, **CATALOG_FIXES}
 
 
 def catalog_folder(catalog_dir: str | os.PathLike | None = None) -> Path:
@@ -234,5 +238,5 @@ def load_entry_file(path: str | os.PathLike) -> CatalogEntry:
             loc = tuple(error["loc"])
             line = _line_of(text, loc, key_itself=error["type"] == "extra_forbidden")
             where = f"{shown} line {line}" if line else shown
-            problems.append(f"{where}: {explain_error(error, CatalogEntry, CATALOG_HINTS)}")
+            problems.append(f"{where}: {explain_error(error, CatalogEntry, catalog_hints())}")
         raise combine(problems, what=shown) from None

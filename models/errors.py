@@ -80,13 +80,19 @@ SECRET_NAME = re.compile(r"key|token|secret|passw", re.IGNORECASE)
 HIDDEN = "<hidden>"
 
 
+# an argument and the value written with it in one item: "--api-key=VALUE", "--api-key VALUE"
+_FLAG_AND_VALUE = re.compile(r"(-[^=\s]*)(=|\s+)")
+
+
 def redacted(name: str, value: Any) -> Any:
     """``value`` as a message may show it: the values of secret-like names replaced by <hidden>.
 
-    A list is read as command-line arguments (``--api-key VALUE``, ``--api-key=VALUE``), a dict
-    as names and values (env); ``name`` is the field's own path (``env.HF_TOKEN``).
+    A secret-like name hides whatever it holds (a list or a dict given for a token is the token still).
+    Otherwise a list is read as command-line arguments (``--api-key VALUE``, ``--api-key=VALUE``,
+    ``"--api-key VALUE"`` as one item), a dict as names and values (env); ``name`` is the field's own
+    path (``env.HF_TOKEN``).
     """
-    if SECRET_NAME.search(name.rsplit(".", 1)[-1]) and not isinstance(value, (list, dict)):
+    if SECRET_NAME.search(name.rsplit(".", 1)[-1]):
         return HIDDEN
     if isinstance(value, dict):
         return {k: HIDDEN if SECRET_NAME.search(str(k)) else redacted(str(k), v) for k, v in value.items()}
@@ -94,13 +100,14 @@ def redacted(name: str, value: Any) -> Any:
         shown, hide_next = [], False
         for item in value:
             text = str(item)
+            joined = _FLAG_AND_VALUE.match(text) if text.startswith("-") else None
             if hide_next and not text.startswith("--"):
                 shown.append(HIDDEN)
-            elif text.startswith("-") and "=" in text and SECRET_NAME.search(text.split("=", 1)[0]):
-                shown.append(f"{text.split('=', 1)[0]}={HIDDEN}")
+            elif joined and SECRET_NAME.search(joined.group(1)):
+                shown.append(f"{joined.group(1)}{joined.group(2)}{HIDDEN}")
             else:
                 shown.append(item)
-            hide_next = text.startswith("-") and "=" not in text and bool(SECRET_NAME.search(text))
+            hide_next = text.startswith("-") and joined is None and bool(SECRET_NAME.search(text))
         return type(value)(shown)
     return value
 

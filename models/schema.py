@@ -157,7 +157,7 @@ class Strict(BaseModel):
 class HubSource(Strict):
     """Where the weights live on the Hugging Face Hub."""
 
-    repo: str = Field(description="Hub repo id, 'org/name'")
+    repo: str = Field(description="Hub repo id, 'org/name', e.g. nvidia/Kimi-K2.5-NVFP4")
     revision: str = Field(
         default="main",
         description="a branch or tag (resolved once and recorded in the lock file) or a full 40-hex commit",
@@ -165,7 +165,8 @@ class HubSource(Strict):
     allow_patterns: list[str] = Field(
         default_factory=lambda: ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"],
         min_length=1,
-        description="glob patterns of the files the deployment needs (huggingface_hub allow_patterns)",
+        description="glob patterns of the files the deployment needs (huggingface_hub allow_patterns), e.g. "
+        "'Q4_K_M/*.gguf' for a GGUF quant folder",
     )
 
     @field_validator("repo")
@@ -222,8 +223,10 @@ class ConfigPatch(Strict):
     """What heavylift changes in the checkpoint's configs, rendered into the overlay (never the download)."""
 
     reason: str = Field(default="", description="why the patch exists, with its upstream source")
-    config_json: JsonPatch = Field(default_factory=JsonPatch)
-    hf_quant_config_json: JsonPatch = Field(default_factory=JsonPatch)
+    config_json: JsonPatch = Field(default_factory=JsonPatch, description="the patch of the checkpoint's config.json")
+    hf_quant_config_json: JsonPatch = Field(
+        default_factory=JsonPatch, description="the patch of the checkpoint's hf_quant_config.json"
+    )
 
 
 class ServeDefaults(Strict):
@@ -231,10 +234,15 @@ class ServeDefaults(Strict):
 
     tensor_parallel_size: int = Field(default=8, ge=1, le=64, description="GPUs the model is sharded over (vLLM --tensor-parallel-size)")
     max_model_len: int | None = Field(default=None, ge=16, description="context length (vLLM --max-model-len); vLLM's default when unset")
-    dtype: str | None = Field(default=None, description="vLLM --dtype (auto, bfloat16, float16, ...)")
-    kv_cache_dtype: str | None = Field(default=None, description="vLLM --kv-cache-dtype")
+    dtype: str | None = Field(
+        default=None, description=f"one of {', '.join(VLLM_DTYPES)} (vLLM --dtype); vLLM's default when unset"
+    )
+    kv_cache_dtype: str | None = Field(default=None, description="vLLM --kv-cache-dtype (auto, fp8, ...)")
     served_model_name: str | None = Field(default=None, description="the name clients ask for; the hub repo id when unset")
-    extra_args: list[str] = Field(default_factory=list, description="further vLLM arguments, one list item each")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="further vLLM arguments, those no serve key covers, one list item each, e.g. ['--trust-remote-code']",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="environment for the vLLM process")
 
     @field_validator("dtype")
@@ -258,9 +266,11 @@ class ServeDefaults(Strict):
 class Support(Strict):
     """Whether heavylift can serve this entry today, and if not why and what to do."""
 
-    status: Literal["supported", "unsupported"] = "supported"
-    reason: str = ""
-    fix: str = ""
+    status: Literal["supported", "unsupported"] = Field(
+        default="supported", description="unsupported: heavylift refuses the entry, saying its reason and fix"
+    )
+    reason: str = Field(default="", description="why heavylift cannot serve the entry, with its source (when unsupported)")
+    fix: str = Field(default="", description="what to do instead (when unsupported)")
 
     @model_validator(mode="after")
     def _unsupported_says_why(self) -> Support:
@@ -272,13 +282,20 @@ class Support(Strict):
 class CatalogEntry(Strict):
     """One checkpoint heavylift knows how to serve: models/<name>.yaml."""
 
-    description: str = Field(min_length=1, description="one line: what the checkpoint is")
-    format: Literal["safetensors", "gguf"] = "safetensors"
+    description: str = Field(
+        min_length=1, description='one line: what the checkpoint is, e.g. "Kimi K2.5 with NVFP4 weights by NVIDIA ModelOpt"'
+    )
+    format: Literal["safetensors", "gguf"] = Field(
+        default="safetensors",
+        description="the weight files' format; a GGUF entry names its tokenizer repo in serve.extra_args: --tokenizer org/base",
+    )
     hub: HubSource
     serve: ServeDefaults = Field(default_factory=ServeDefaults)
     config_patch: ConfigPatch = Field(default_factory=ConfigPatch)
     support: Support = Field(default_factory=Support)
-    docs: str | None = Field(default=None, description="path of the entry's documentation, relative to the repo")
+    docs: str | None = Field(
+        default=None, description="path of the entry's documentation, relative to the repository, e.g. docs/models/<name>.md"
+    )
     vllm_patches: list[str] = Field(
         default_factory=list,
         description="the entry's patch series: unified diffs (-p1, paths from site-packages) applied to vLLM before the switch",

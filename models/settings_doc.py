@@ -3,7 +3,8 @@ description (models/schema.py ``Field(description=...)``, the one place each opt
 
     python -m models.settings_doc --markdown > docs/settings.md
 
-tests/test_settings_doc.py fails when the file and the schema differ.
+tests/test_settings_doc.py fails when the file and the schema differ. The fixes that validation messages give
+(``field_fix``, ``mapping_fix``) are read from the same descriptions, for a site's fields and a catalog entry's.
 """
 
 from __future__ import annotations
@@ -68,6 +69,33 @@ def bounds_text(field: Any) -> str:
     if low and high and low[0] == "at least" and high[0] == "at most":
         return f", {low[1]} to {high[1]}"
     return "".join(f", {words} {value}" for words, value in filter(None, (low, high)))
+
+
+def field_fix(path: str, field: Any) -> str:
+    """How to set one field, as the fix of a message about it: its description, choices, bounds and default
+    (models/validate.py ``schema_hints``, models/catalog.py ``catalog_hints``: the schema is the one place)."""
+    what = field.description or ""
+    if typing.get_origin(field.annotation) is Literal:
+        what = f"{type_text(field.annotation)} ({what})" if what else type_text(field.annotation)
+    elif field.annotation is bool:
+        what = f"True or False ({what})" if what else "True or False"
+    elif not what:
+        what = type_text(field.annotation)
+    said = [bounds_text(field).removeprefix(", ")]
+    if not field.is_required():
+        said.append("or remove it" if field.default is None and field.default_factory is None
+                    else f"default {default_text(field)}")
+    said = ", ".join(part for part in said if part)
+    return (f"set {path} to {what}" + (f": {said}" if said else "")).replace("`", "")
+
+
+def mapping_fix(path: str, model: type[BaseModel], description: str | None = None) -> str:
+    """How to give a field that is a mapping of its own (a nested model): its keys and what it is (the field's
+    description, else the model's docstring)."""
+    doc = " ".join((description or model.__doc__ or "").split()).rstrip(".")
+    if doc[:2].istitle():  # "Where the weights ..." -> "where the weights ...", never "vLLM" -> "vlLM"
+        doc = doc[0].lower() + doc[1:]
+    return f"give {path} as a mapping of {', '.join(model.model_fields)}" + (f" ({doc})" if doc else "")
 
 
 def cell(text: str) -> str:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-import typing
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -111,24 +111,13 @@ def schema_hints() -> dict[str, str]:
     """A fix for every site field from the schema: its description, choices, bounds and default
     (models/settings_doc.py reads the same for docs/settings.md)."""
     # imported here: `python -m models.settings_doc` runs that module after models/__init__ imported this one
-    from .settings_doc import SECTIONS, bounds_text, default_text, type_text
+    from .settings_doc import SECTIONS, field_fix
 
-    hints = {}
-    for model, under in SECTIONS:
-        for name, field in model.model_fields.items():
-            path = f"{under}.{name}" if under else name
-            what = field.description or ""
-            if typing.get_origin(field.annotation) is Literal:
-                what = f"{type_text(field.annotation)} ({what})"
-            elif field.annotation is bool:
-                what = f"True or False ({what})"
-            said = [bounds_text(field).removeprefix(", ")]
-            if not field.is_required():
-                said.append("or remove it" if field.default is None and field.default_factory is None
-                            else f"default {default_text(field)}")
-            said = ", ".join(part for part in said if part)
-            hints[path] = f"set {path} to {what}" + (f": {said}" if said else "")
-    return {path: hint.replace("`", "") for path, hint in hints.items()}
+    return {
+        f"{under}.{name}" if under else name: field_fix(f"{under}.{name}" if under else name, field)
+        for model, under in SECTIONS
+        for name, field in model.model_fields.items()
+    }
 
 
 def is_pyinfra_key(key: str) -> bool:
@@ -149,14 +138,11 @@ def _connector_data_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
-# the options of heavylift's operator commands (``--data release=...`` for rollback.py): a command
-# declares its own before it validates the site, so deploy.py still refuses them as unknown keys
-COMMAND_KEYS: set[str] = set()
-
-
-def heavylift_data(host: Host) -> dict[str, Any]:
-    """The host's merged data (override, host, groups, all) without pyinfra's own keys."""
-    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key) and key not in COMMAND_KEYS}
+def heavylift_data(host: Host, command_keys: Collection[str] = ()) -> dict[str, Any]:
+    """The host's merged data (override, host, groups, all) without pyinfra's own keys, nor ``command_keys``: the
+    options of the entry point that validates (``--data release=...`` for rollback.py), given by it on each call,
+    so a key one command takes is still refused as unknown by the others (deploy.py)."""
+    return {key: value for key, value in host.data.dict().items() if not is_pyinfra_key(key) and key not in command_keys}
 
 
 # ---------------------------------------------------------------- where data came from
@@ -419,9 +405,11 @@ class _Catalog:
         return self.entries[name]
 
 
-def _check_host(host: Host, sources: DataSources | None, catalog: _Catalog) -> Deployment | list[str] | str:
+def _check_host(
+    host: Host, sources: DataSources | None, catalog: _Catalog, command_keys: Collection[str] = ()
+) -> Deployment | list[str] | str:
     """A Deployment; or the problems (lines); or the name of an unsupported model it asks for."""
-    data = heavylift_data(host)
+    data = heavylift_data(host, command_keys)
     problems = _settings_problems(host, data, sources, catalog.folder)
     if problems:
         return problems
@@ -457,11 +445,16 @@ def _unsupported(
 
 
 def validate_hosts(
-    hosts: list[Host], catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None, gpus_of=None
+    hosts: list[Host],
+    catalog_dir: str | os.PathLike | None = None,
+    sources: DataSources | None = None,
+    gpus_of=None,
+    command_keys: Collection[str] = (),
 ) -> tuple[dict[str, Deployment], list[str]]:
     """Every host's Deployment, and every problem found (one line each, each naming its file).
 
     + gpus_of: host -> one line naming its GPUs, for the refusal of an unsupported model
+    + command_keys: the data keys the calling entry point takes as its own options (not site keys)
     """
     catalog = _Catalog(catalog_folder(catalog_dir))
     if sources is None:
@@ -470,7 +463,7 @@ def validate_hosts(
     problems: list[str] = []
     unsupported: dict[str, list[tuple[Host, Origin]]] = {}
     for host in hosts:
-        result = _check_host(host, sources, catalog)
+        result = _check_host(host, sources, catalog, command_keys)
         if isinstance(result, Deployment):
             deployments[host.name] = result
         elif isinstance(result, str):
@@ -553,8 +546,9 @@ def run_of(host: Host) -> State | Inventory:
     return state if state is not None else inventory
 
 
-def _results_of(host: Host) -> dict[str, tuple[dict[str, Deployment], list[str]]]:
-    """This run's validation results by catalog folder: (every active host's Deployment, the problems found)."""
+def _results_of(host: Host) -> dict[tuple[str, frozenset[str]], tuple[dict[str, Deployment], list[str]]]:
+    """This run's validation results by catalog folder and command keys: (every active host's Deployment, the
+    problems found)."""
     return vars(run_of(host)).setdefault(RESULTS_ATTRIBUTE, {})
 
 
@@ -570,7 +564,11 @@ def _hosts_to_check(host: Host) -> list[Host]:
 
 
 def load_deployment(
-    host: Host, catalog_dir: str | os.PathLike | None = None, sources: DataSources | None = None, gpus_of=None
+    host: Host,
+    catalog_dir: str | os.PathLike | None = None,
+    sources: DataSources | None = None,
+    gpus_of=None,
+    command_keys: Collection[str] = (),
 ) -> Deployment:
     """The validated Deployment of ``host``; raises HeavyliftConfigError if any active host's data is bad.
 
@@ -579,15 +577,18 @@ def load_deployment(
     + sources: where the inventory's data came from; default: read from the pyinfra CLI's arguments
     + gpus_of: host -> one line naming its GPUs (deploy.py reads the host's fact), named in the refusal of
       an unsupported model
+    + command_keys: the data keys the entry point takes as its own options, left out of the site's data
+      (rollback.py: ``release``); deploy.py takes none, so any such key is refused there as unknown
 
     The first call validates every active host of the inventory and keeps the result for
-    the other hosts' calls in the same run, on the run's own object (``run_of``).
+    the other hosts' calls in the same run, on the run's own object (``run_of``), by catalog
+    folder and command keys.
     """
     catalog = catalog_folder(catalog_dir)
     per_run = _results_of(host)
-    key = str(catalog.resolve())
+    key = (str(catalog.resolve()), frozenset(command_keys))
     if key not in per_run or host.name not in per_run[key][0] and not per_run[key][1]:
-        per_run[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of)
+        per_run[key] = validate_hosts(_hosts_to_check(host), catalog, sources, gpus_of, command_keys)
     deployments, problems = per_run[key]
     if problems:
         raise combine(problems)

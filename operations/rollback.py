@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pyinfra import host, logger, state
 
-from models import validate
 from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, origin_of
 from resolve import rollback
@@ -14,15 +13,17 @@ from resolve.context import RunContext
 
 from . import fleet, supervisor
 
+# rollback.py's own option (--data release=<id>): left out of the site's data when rollback.py validates it, and
+# only then (deploy.py validates without it, so it refuses the key as unknown there)
+COMMAND_KEYS = frozenset({"release"})
+
 
 def planned() -> tuple[rollback.RollbackPlan, RunContext]:
     """This host's rollback plan and the run's context. A release the host does not keep is refused, naming the
     field and what the host keeps, before any host changes."""
-    # rollback.py's own option (--data release=<id>): not a site key (deploy.py still refuses it)
-    validate.COMMAND_KEYS.add("release")
     context = RunContext.of_pyinfra(state, host)
     sources = DataSources.of_run(context)
-    deployment = load_deployment(host, sources=sources)
+    deployment = load_deployment(host, sources=sources, command_keys=COMMAND_KEYS)
     found = host.get_fact(fleet.HostState, root=deployment.settings.root)
     # the supervisor as a deploy's planning decides it (resolve/supervisor.py): the site's, or the host's init system
     init_system = supervisor.init_system(deployment.settings.service_manager)

@@ -50,7 +50,8 @@ def planned() -> tuple[Plan, RunContext]:
     def origin(key: str) -> str:
         return origin_of(host, key, sources).label
 
-    # a bad key or value stops the run here; an unsupported model's refusal names each host's own GPUs
+    # a bad key or value stops the run here (deploy.py takes no key of its own: command_keys none, so rollback.py's
+    # --data release=... is refused as unknown); an unsupported model's refusal names each host's own GPUs
     deployment = load_deployment(host, sources=sources, gpus_of=lambda chosen: chosen.get_fact(NvidiaGpus).summary())
     context = dataclasses.replace(context, until=deployment.settings.until)
     where = f"host '{host.name}'"

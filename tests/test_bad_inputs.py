@@ -1191,15 +1191,15 @@ def test_pyinfra_keys_are_not_heavylifts(tmp_path):
     assert deployment.name == "tiny-llama" and deployment.settings.port == 8000
 
 
-def test_a_command_option_is_unknown_to_deploy_and_accepted_by_its_command(tmp_path, monkeypatch):
+def test_a_command_option_is_unknown_to_deploy_and_accepted_by_its_command(tmp_path):
     """rollback.py's ``--data release=...`` is refused by deploy.py (a typo must not pass) and taken by rollback.py."""
-    import models.validate
+    from operations import rollback
 
     data = {"model": "tiny-llama", "vllm": GOOD_VLLM, "release": "3f2a9c"}
     with pytest.raises(HeavyliftConfigError, match=r"unknown key 'release'"):
         load_deployment(host_with(data), sources=sources_for(tmp_path))
-    monkeypatch.setattr(models.validate, "COMMAND_KEYS", {"release"})
-    assert load_deployment(host_with(data), sources=sources_for(tmp_path)).name == "tiny-llama"
+    assert load_deployment(host_with(data), sources=sources_for(tmp_path), command_keys=rollback.COMMAND_KEYS).name == (
+        "tiny-llama")
 
 
 def test_every_host_is_checked_and_all_problems_reported_at_once(tmp_path):

@@ -10,7 +10,9 @@ import pytest
 from pyinfra.api import Inventory
 
 from models import HeavyliftConfigError, list_entries, load_deployment, load_entry
-from models.catalog import DEFAULT_CATALOG, ENTRY_NAME
+from models import catalog
+from models.catalog import CATALOG_FIXES, DEFAULT_CATALOG, ENTRY_NAME, catalog_hints
+from models.errors import model_at
 from models.schema import CatalogEntry
 from models.validate import DataSources
 from resolve.overlay import apply_patch
@@ -182,3 +184,69 @@ def test_tiny_llama_tp8_splits_over_every_tensor_parallel_size_up_to_8(tmp_path)
     assert config["hidden_size"] == config["num_attention_heads"] * config["head_dim"] == 256
     # the default tiny-llama is unchanged by the shape parameter (the demo's and the other tests' model)
     assert json.loads((tiny_model.write_tiny_llama(tmp_path / "d") / "config.json").read_text())["num_attention_heads"] == 2
+
+
+# --- the fixes in catalog messages, from the schema (issue 26: one place per option)
+
+
+def catalog_paths(model=CatalogEntry, under="") -> list[str]:
+    """Every field of a catalog entry as a dotted path, nested mappings included."""
+    paths = []
+    for name in model.model_fields:
+        path = f"{under}.{name}" if under else name
+        paths.append(path)
+        nested = model_at(model, (name,))
+        if nested is not None:
+            paths += catalog_paths(nested, path)
+    return paths
+
+
+def test_every_catalog_field_is_described_in_the_schema_and_has_a_fix_from_it():
+    hints = catalog_hints()
+    for path in catalog_paths():
+        *parent, name = path.split(".")
+        field = model_at(CatalogEntry, tuple(parent)).model_fields[name]
+        nested = model_at(CatalogEntry, tuple(path.split(".")))
+        # a field's Field(description=...), or the docstring of the mapping it is
+        assert field.description or nested and nested.__doc__, f"{path}: describe it in models/schema.py"
+        assert hints[path], path
+        if path not in CATALOG_FIXES:
+            assert (field.description or "") in hints[path] and hints[path].startswith(
+                f"give {path} as a mapping of " if nested else f"set {path} to "), path
+    # the hand-written fixes only say more than the schema: a rule over several fields (""), YAML's quoting
+    assert set(CATALOG_FIXES) <= {"", *catalog_paths()}
+    assert not hasattr(catalog, "CATALOG_HINTS")
+
+
+def test_a_fix_is_built_from_the_fields_description_bounds_and_default():
+    hints = catalog_hints()
+    assert hints["serve.tensor_parallel_size"] == (
+        "set serve.tensor_parallel_size to GPUs the model is sharded over (vLLM --tensor-parallel-size): 1 to 64, default 8")
+    assert hints["serve.max_model_len"].endswith(": at least 16, or remove it")
+    assert hints["format"].startswith('set format to "safetensors" or "gguf" (')  # a Literal's choices, unquoted backticks
+    assert hints["hub"] == "give hub as a mapping of repo, revision, allow_patterns (where the weights live on the Hugging Face Hub)"
+    assert hints["config_patch.config_json"] == (
+        "give config_patch.config_json as a mapping of remove, set (the patch of the checkpoint's config.json)")
+    assert hints["hub.revision"] == CATALOG_FIXES["hub.revision"] and "so that YAML keeps it a string" in hints["hub.revision"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("description: x\nhub: {repo: a/b}\nserve: {tensor_parallel_size: 0}\n",
+     "{f} line 3: field 'serve.tensor_parallel_size': Input should be greater than or equal to 1 (got 0). Fix: set "
+     "serve.tensor_parallel_size to GPUs the model is sharded over (vLLM --tensor-parallel-size): 1 to 64, default 8."),
+    ("description: x\nhub: {repo: a/b}\nformat: ggml\n",
+     "{f} line 3: field 'format': Input should be 'safetensors' or 'gguf' (got 'ggml'). Fix: set format to "
+     "\"safetensors\" or \"gguf\" (the weight files' format;"),
+    ("description: ''\nhub: {repo: a/b}\n",
+     "{f} line 1: field 'description': String should have at least 1 character (got ''). Fix: set description to one "
+     'line: what the checkpoint is, e.g. "Kimi K2.5 with NVFP4 weights by NVIDIA ModelOpt".'),
+    ("description: x\nhub: {repo: a/b}\nconfig_patch: {config_json: [a]}\n",
+     "{f} line 3: field 'config_patch.config_json': Input should be a valid dictionary or instance of JsonPatch (got "
+     "['a'], a list). Fix: write config_patch.config_json as a mapping of keys to values; give config_patch.config_json "
+     "as a mapping of remove, set"),
+], ids=["bound", "choice", "description", "mapping"])
+def test_a_catalog_files_bad_value_names_file_line_field_and_the_schemas_fix(tmp_path, text, expected):
+    (tmp_path / "entry.yaml").write_text(text)
+    with pytest.raises(HeavyliftConfigError) as caught:
+        load_entry("entry", tmp_path)
+    assert expected.format(f=tmp_path / "entry.yaml") in str(caught.value), str(caught.value)

@@ -214,8 +214,7 @@ def test_rollback_is_the_switch_service_and_gate_stages_under_the_lock(cli, monk
         "current release r1 (rollback)", f"service restart ({manager})", "vLLM ready"]
 
 
-def test_rollback_refuses_when_there_is_no_release_to_go_back_to_before_any_change(monkeypatch):
-    monkeypatch.setattr(validate, "COMMAND_KEYS", set())  # rollback.py's option, for this test alone
+def test_rollback_refuses_when_there_is_no_release_to_go_back_to_before_any_change():
     site = {"model": "tiny-llama", "hf_endpoint": "http://hub.invalid", "vllm": {"version": "0.34.0"}}
     kept = {"id": "r1", "model": "m", "vllm": "v", "host": None, "port": None, "served_model_name": None}
     on_host = {"root": "/opt/heavylift",
@@ -232,6 +231,27 @@ def test_rollback_refuses_when_there_is_no_release_to_go_back_to_before_any_chan
         plan, context = rollback.planned()
     # service_manager auto: decided by the host's init system as a deploy's planning decides it
     assert (plan.switch.release, plan.was, plan.service.manager, context.dry) == ("r0", "r1", "systemd", False)
+
+
+def test_a_rollback_leaves_its_option_to_itself_for_a_deploy_in_the_same_process(tmp_path):
+    """rollback.py takes ``--data release=<id>``; a deploy's validation afterwards in the same process, of the same
+    run's objects or of another run, still refuses it as an unknown key: the keys an entry point takes are an input
+    of its validation (``command_keys``), not module state a rollback leaves changed."""
+    site = {"model": "tiny-llama", "hf_endpoint": "http://hub.invalid", "vllm": {"version": "0.34.0"}, "release": "r0"}
+    kept = {"id": "r1", "model": "m", "vllm": "v", "host": None, "port": None, "served_model_name": None}
+    on_host = {"root": "/opt/heavylift", "deployments": {"tiny-llama": {
+        "current": "r1", "previous": "r0", "releases": [kept, {**kept, "id": "r0"}]}}}
+    state_context, host_context = host_with(site, on_host)
+    with state_context, host_context:
+        plan, _ = rollback.planned()
+        assert plan.switch.release == "r0"
+        # deploy.py's validation (operations/rollout.py planned: no command keys) of the same run's host
+        with pytest.raises(HeavyliftConfigError, match=r"unknown key 'release'"):
+            validate.load_deployment(ctx_host.get())
+    # and of another run's
+    state_context, host_context = host_with(site, on_host)
+    with state_context, host_context, pytest.raises(HeavyliftConfigError, match=r"unknown key 'release'"):
+        validate.load_deployment(ctx_host.get())
 
 
 # --- retire.py

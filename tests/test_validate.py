@@ -5,10 +5,12 @@ process each keep their own. What is refused and how it is worded: tests/test_ba
 from __future__ import annotations
 
 import pyinfra
+import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host, ctx_state
 
 from models import validate
+from models.errors import HeavyliftConfigError
 from models.validate import DataSources, load_deployment, run_of, validated_deployments
 from resolve import nodes
 
@@ -62,3 +64,20 @@ def test_the_run_of_pyinfras_context_host_is_its_state():
         assert run_of(pyinfra.host) is inventory.state  # the proxy's host, the State object itself
     # resolve/nodes.py keeps its group plan on the same object
     assert nodes.run_of is run_of
+
+
+def test_the_keys_an_entry_point_takes_are_an_input_of_each_validation(tmp_path):
+    """``command_keys``: an entry point's own options (rollback.py's ``release``) are left out of the site's data for
+    that call alone; the same run validated without them (deploy.py) refuses the key, kept apart by the keys, and no
+    module state is changed."""
+    inventory = Inventory(([("gpu1", {**SITE, "release": "r0"})], {}))
+    host = inventory.get_host("gpu1")
+    sources = DataSources.for_inventory(None, cwd=tmp_path)
+    taken = load_deployment(host, sources=sources, command_keys=frozenset({"release"}))
+    assert taken.name == "tiny-llama" and load_deployment(host, sources=sources, command_keys=["release"]) is taken
+    with pytest.raises(HeavyliftConfigError, match=r"unknown key 'release'"):
+        load_deployment(host, sources=sources)
+    catalog = str(validate.catalog_folder().resolve())
+    assert set(vars(inventory)[validate.RESULTS_ATTRIBUTE]) == {(catalog, frozenset()), (catalog, frozenset({"release"}))}
+    assert not hasattr(validate, "COMMAND_KEYS")
+    assert "release" in validate.heavylift_data(host) and "release" not in validate.heavylift_data(host, {"release"})
