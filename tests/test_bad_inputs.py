@@ -1015,9 +1015,9 @@ def test_bad_host_data(tmp_path, change, expected):
 
 
 def test_wave_sizes_that_differ_within_a_deployment_name_both_files(tmp_path):
-    """Waves are cut per deployment: its hosts must agree on the size (operations/waves.py), said before any change."""
+    """Waves are cut per deployment: its hosts must agree on the size (resolve/waves.py), said before any change."""
     from models.validate import origin_of
-    from operations import waves
+    from resolve import waves
 
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "fleet.py").write_text("wave_size = 1\n")

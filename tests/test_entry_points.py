@@ -24,6 +24,7 @@ from operations.oporder import pyinfra_operation
 from resolve.layout import Layout
 from resolve.plan import GatePart, SwitchPart, service_part
 from resolve.rollback import RollbackPlan
+from resolve.waves import plan_waves
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GIVEN_BACK = "deploy lock given back"
@@ -91,7 +92,7 @@ def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dr
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=dry)))
     deployment = SimpleNamespace(name="tiny", settings=SimpleNamespace(wave_size=wave_size, max_unavailable=None,
                                                                        root="/opt/heavylift"))
-    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves(
+    monkeypatch.setattr(waves, "planned", lambda host, context: plan_waves(
         {"h1": deployment, "h2": deployment}, ["h1", "h2"]))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
@@ -114,7 +115,7 @@ def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dr
 def test_deploy_until_prepare_stops_before_the_switch_and_still_gives_the_lock_back(cli, monkeypatch):
     plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="prepare")
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
-    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
+    monkeypatch.setattr(waves, "planned", lambda host, context: plan_waves({}, []))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
     for name, label, result in [
@@ -137,7 +138,7 @@ def test_deploy_with_a_disk_too_small_on_one_host_holds_the_run_or_leaves_that_h
     plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="serve",
                            weights=SimpleNamespace(when_too_small=when))
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
-    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
+    monkeypatch.setattr(waves, "planned", lambda host, context: plan_waves({}, []))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     why = "h2: heavylift/tiny@0123456789ab: 5.0 MB still to download but /opt/heavylift/models has 1.0 MB free (margin 0 GB)."
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(
