@@ -23,8 +23,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from resolve.layout import Layout
+from resolve.weights import human_bytes
 
-from .weights import human_bytes
 
 
 @dataclass(frozen=True)

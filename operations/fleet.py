@@ -25,10 +25,10 @@ from pyinfra.api import BaseStateCallback, FactBase, QuoteString, StringCommand
 
 from resolve.address import url_host
 from resolve.layout import Layout
+from resolve.weights import human_bytes
 
 from . import hostpython, nodegroup
 from .readiness import startup_text
-from .weights import human_bytes
 
 
 class HostState(FactBase):

@@ -21,9 +21,9 @@ from models.schema import SLUG, SiteSettings
 from resolve.context import RunContext
 from resolve.layout import Layout
 from resolve.supervisor import SYSTEMD
+from resolve.weights import human_bytes
 
 from . import fleet, supervisor
-from .weights import human_bytes
 
 
 @dataclass(frozen=True)
