@@ -70,7 +70,7 @@ class WeightsPlan:
     margin_bytes: int
     resume_bytes: int = 0  # bytes of partial files a killed run left that the fetch resumes (not in fetch_bytes)
     stale_bytes: int = 0  # bytes of partial files no run can resume: removed before the fetch
-    freed_bytes: int = 0  # what the snapshot removal before the download frees (operations/diskgc.py)
+    freed_bytes: int = 0  # what the snapshot removal before the download frees (resolve/diskgc.py)
 
     @property
     def free_bytes(self) -> int | None:

@@ -12,6 +12,7 @@ import pytest
 
 from operations import diskgc, fleet, retire
 from resolve import rollback
+from resolve.diskgc import after_switch_only, plan_snapshots
 from resolve.layout import Layout
 
 SCRIPT = Path(__file__).resolve().parent.parent / "operations" / "scripts" / "host_state.py"
@@ -136,17 +137,17 @@ def test_second_move_removes_the_oldest_snapshot_after_the_switch_only(two_moves
     snapshot(two_moves, C3, 3000, manifest=False)  # being downloaded
     state = host_state(two_moves)
     new = str(two_moves / "models" / "heavylift--tiny-llama" / C3)
-    before = diskgc.plan_snapshots(state, "tiny", new, keep=2)
+    before = plan_snapshots(state, "tiny", new, keep=2)
     # before the download c1 is still `previous`: it stays, whatever the keep count
     assert before.remove == () and before.freed_bytes == 0
-    after = diskgc.plan_snapshots(state, "tiny", new, keep=2, new_release="r3aaaaaaaaaa", after_switch=True)
+    after = plan_snapshots(state, "tiny", new, keep=2, new_release="r3aaaaaaaaaa", after_switch=True)
     assert [s["commit"] for s in after.remove] == [C1]
     assert after.releases == (str(two_moves / "deployments" / "tiny" / "releases" / "r1aaaaaaaaaa"),)
-    assert diskgc.after_switch_only(before, after).remove == after.remove
+    assert after_switch_only(before, after).remove == after.remove
     # with a larger keep count the kept release r1 keeps its snapshot
-    assert diskgc.plan_snapshots(state, "tiny", new, keep=3, new_release="r3aaaaaaaaaa", after_switch=True).remove == ()
+    assert plan_snapshots(state, "tiny", new, keep=3, new_release="r3aaaaaaaaaa", after_switch=True).remove == ()
     # no switch (the run deploys what is current): previous keeps its snapshot
-    assert diskgc.plan_snapshots(state, "tiny", new, keep=1, new_release="r2aaaaaaaaaa", after_switch=True).remove == ()
+    assert plan_snapshots(state, "tiny", new, keep=1, new_release="r2aaaaaaaaaa", after_switch=True).remove == ()
 
 
 def test_unreferenced_snapshots_go_before_the_download_and_count_as_free_space(two_moves):
@@ -157,7 +158,7 @@ def test_unreferenced_snapshots_go_before_the_download_and_count_as_free_space(t
     release(two_moves, "mla", "m1aaaaaaaaaa", "6" * 40, v, age=50, repo="heavylift/tiny-mla")
     links(two_moves, "mla", "m1aaaaaaaaaa")
     state = host_state(two_moves)
-    before = diskgc.plan_snapshots(state, "tiny", str(two_moves / "models" / "heavylift--tiny-llama" / C2), keep=2)
+    before = plan_snapshots(state, "tiny", str(two_moves / "models" / "heavylift--tiny-llama" / C2), keep=2)
     assert [s["path"] for s in before.remove] == [orphan] and before.freed_bytes == 4000
     assert before.keep[partial] == "no manifest: a download to resume"
     assert before.keep[other] == "deployment mla uses it"
