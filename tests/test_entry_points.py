@@ -23,6 +23,7 @@ from operations import argtypes, factbatch, fleet, hostlock, retire, rollback, r
 from operations.oporder import pyinfra_operation
 from resolve.layout import Layout
 from resolve.plan import GatePart, SwitchPart, service_part
+from resolve.retire import RetirePlan
 from resolve.rollback import RollbackPlan
 from resolve.waves import plan_waves
 
@@ -241,7 +242,7 @@ def test_rollback_refuses_when_there_is_no_release_to_go_back_to_before_any_chan
 @pytest.mark.parametrize("dry", [False, True], ids=["run", "dry"])
 def test_retire_removes_under_the_lock(cli, monkeypatch, dry):
     layout = Layout.of_host(None).of("tiny")
-    plan = retire.RetirePlan("tiny", layout.deployment_dir, {"manager": "systemd"}, layout, user="vllm")
+    plan = RetirePlan("tiny", layout.deployment_dir, {"manager": "systemd"}, layout, user="vllm")
     monkeypatch.setattr(retire, "planned", lambda: (plan, SimpleNamespace(dry=dry)))
     state = prepared("retire.py")
     assert assert_lock_around(state, cli, dry) == ["retire deployment tiny"]
