@@ -28,6 +28,7 @@ from resolve import nodes, sitesource as site_source_plan
 from resolve.compat import CPU_PACKAGES, HostResources
 from resolve.diskgc import SnapshotPlan, after_switch_only, plan_snapshots
 from resolve.layout import Layout
+from resolve.neighbours import check as check_neighbours
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
 from . import checkpoint, diskgc, fleet, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
@@ -75,7 +76,7 @@ def planned() -> tuple[Plan, RunContext]:
     host_runtime = runtime.host_runtime(deployment.settings.vllm)
     runtime.check_wheelhouse(deployment.settings.vllm, f"{origin('vllm')}, {where}")
     # the other deployments on the host (their launchers) and the ports in use: no clash
-    neighbours.check(deployment, host.name, gpus.count, origin)
+    check_neighbours(deployment, host.name, gpus.count, origin, neighbours.read(deployment.settings.root))
     try:
         plan = make_plan(
             deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role,

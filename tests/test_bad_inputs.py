@@ -825,7 +825,8 @@ def test_neighbours_that_fit_pass(hub_mirror, tmp_path_factory):
         "deployment = load_deployment(host)\n",
         "deployment = load_deployment(host)\n"
         "from operations import neighbours\n"
-        "neighbours.check(deployment, host.name, 0, lambda key: key)\n",
+        "from resolve.neighbours import check\n"
+        "check(deployment, host.name, 0, lambda key: key, neighbours.read(deployment.settings.root))\n",
     )
 
     def own(root: Path) -> None:
