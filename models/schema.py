@@ -669,7 +669,7 @@ class SiteSettings(Strict):
     )
     limit_nofile: int = Field(default=1048576, ge=1024, description="open files limit of the service (LimitNOFILE)")
     benchmark_tokens: int = Field(default=32, ge=0, le=4096, description="tokens decoded by the readiness benchmark; 0 skips it")
-    # --- fleets in waves (operations/waves.py): the switch, restart and gate of a deployment's hosts, so many at a time
+    # --- fleets in waves (resolve/waves.py, operations/waves.py): the switch, restart and gate of a deployment's hosts, so many at a time
     wave_size: int | None = Field(
         default=None, ge=1, le=10000,
         description="hosts of this deployment switched, restarted and gated at a time, in inventory order; all at once when unset",

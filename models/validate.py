@@ -597,7 +597,7 @@ def load_deployment(
 
 def validated_deployments(host: Host) -> dict[str, Deployment]:
     """Every active host's Deployment in this run, by host name: what ``load_deployment`` validated
-    together (the fleet-wide checks, such as the waves of operations/waves.py, read it)."""
+    together (the fleet-wide checks, such as the waves of resolve/waves.py, read it)."""
     for deployments, problems in _results_of(host).values():
         if host.name in deployments and not problems:
             return deployments

@@ -5,7 +5,7 @@ nothing written) and returns every deployment under ``<root>/deployments/``: its
 ``previous`` releases, each kept release's model@commit and vLLM build, the service as its
 supervisor sees it (systemd or the fallback's pidfile) with the last error line of its log, the
 last readiness gate's figures (``status.json``), GPUs and disk. ``status.py`` prints it;
-``rollback.py``, ``retire.py`` and the snapshot collection (``diskgc.py``) decide from it.
+``rollback.py``, ``retire.py`` and the snapshot collection (resolve/diskgc.py) decide from it.
 
 status.py's steps: ``status_planned`` (what to read and how to say it, from the host's data), ``host_read`` (the
 fact), ``host_reported`` (its lines), nodegroup.py ``groups_reported`` (each multi-node group judged as one) and
@@ -25,10 +25,10 @@ from pyinfra.api import BaseStateCallback, FactBase, QuoteString, StringCommand
 
 from resolve.address import url_host
 from resolve.layout import Layout
+from resolve.weights import human_bytes
 
 from . import hostpython, nodegroup
 from .readiness import startup_text
-from .weights import human_bytes
 
 
 class HostState(FactBase):

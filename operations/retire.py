@@ -1,17 +1,10 @@
 """Retire: a deployment taken off a host cleanly, keeping what another deployment still uses.
 
-What goes: the service (stopped, disabled, its unit removed; or the fallback's process stopped),
-the deployment's folder (releases, overlay, launcher, private secrets, status, logs), and the
-venvs and snapshots that only this deployment's releases use. What stays: every venv and
-snapshot that another deployment's staging links or kept releases use, the Hub client venv,
-uv and the uv cache. The plan is a pure function of the host's state (``fleet.HostState``).
+What goes and what stays is planned from the host's state (``fleet.HostState``) in resolve/retire.py.
 retire.py's steps: ``planned`` (the deployment named, read from the host), ``reported``, ``removed``.
 """
 
 from __future__ import annotations
-
-import posixpath
-from dataclasses import dataclass, field
 
 from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -20,39 +13,10 @@ from models.errors import HeavyliftConfigError
 from models.schema import SLUG, SiteSettings
 from resolve.context import RunContext
 from resolve.layout import Layout
+from resolve.retire import RetirePlan, plan_retire
 from resolve.supervisor import SYSTEMD
 
 from . import fleet, supervisor
-from .weights import human_bytes
-
-
-@dataclass(frozen=True)
-class RetirePlan:
-    deployment: str
-    folder: str
-    service: dict  # the service as the host's state has it: its supervisor, read back from the host
-    layout: Layout
-    remove: list[tuple[str, str]] = field(default_factory=list)  # (path, what it is)
-    keep: list[tuple[str, str]] = field(default_factory=list)  # (path, why it stays)
-    freed_bytes: int = 0
-    user: str | None = None  # the service user its vLLM ran as (its processes end with the service)
-
-    def lines(self) -> list[str]:
-        lines = [f"retire {self.deployment}: stop the service ({self.service.get('manager')}, now {self.service.get('state')})"]
-        lines += [f"retire {self.deployment}: remove {path} ({what})" for path, what in self.remove]
-        lines += [f"retire {self.deployment}: keep {path} ({why})" for path, why in self.keep]
-        lines.append(f"retire {self.deployment}: frees about {human_bytes(self.freed_bytes)} of snapshots")
-        return lines
-
-
-def _uses(deployment: dict) -> tuple[set[str], set[str]]:
-    """The venvs and snapshots a deployment's staging links and kept releases use."""
-    venvs = {r["venv"] for r in deployment["releases"] if r.get("venv")}
-    snapshots = {r["snapshot"] for r in deployment["releases"] if r.get("snapshot")}
-    staging = deployment.get("staging") or {}
-    venvs |= {staging["venv"]} if staging.get("venv") else set()
-    snapshots |= {staging["snapshot"]} if staging.get("snapshot") else set()
-    return {v.rstrip("/") for v in venvs}, snapshots
 
 
 def planned() -> tuple[RetirePlan, RunContext]:
@@ -89,48 +53,13 @@ def removed(plan: RetirePlan):
     return retired(name=f"retire deployment {plan.deployment}", plan=plan, user=plan.user)
 
 
-def plan_retire(state: dict, name: str, user: str | None = None) -> RetirePlan:
-    """What retiring ``name`` removes and keeps on the host whose state this is. KeyError if absent.
-    ``user``: the service user its vLLM ran as."""
-    target = state["deployments"][name]
-    venvs, snapshots = _uses(target)
-    others: dict[str, str] = {}
-    for other, deployment in state["deployments"].items():
-        if other == name:
-            continue
-        for path in set().union(*_uses(deployment)):
-            others.setdefault(path, other)
-    layout = Layout.of_host(state["root"]).of(name)
-    folder = layout.deployment_dir
-    remove = [(folder, "releases, overlay, launcher, private secrets, status, logs")]
-    keep = []
-    sizes = {s["path"]: s["bytes"] for s in state["snapshots"]}
-    freed = 0
-    for path in sorted(venvs):
-        if path in others:
-            keep.append((path, f"venv deployment {others[path]} uses"))
-        elif posixpath.isabs(path) and posixpath.dirname(path) == layout.venvs_dir:
-            remove.append((path, "venv only this deployment used"))
-    for path in sorted(snapshots):
-        if path in others:
-            keep.append((path, f"snapshot deployment {others[path]} uses"))
-        elif path in sizes:
-            remove += [(path, f"snapshot only this deployment used, {human_bytes(sizes[path])}"),
-                       (path + ".manifest.*", "its manifest, lock and download request")]
-            freed += sizes[path]
-    service = dict(target["service"])
-    if service.get("manager") == SYSTEMD:
-        remove.append((layout.unit_path, "systemd unit"))
-    return RetirePlan(name, folder, service, layout, remove, keep, freed, user)
-
-
 @operation()
 def retired(plan: RetirePlan, user: str, grace_seconds: int = 60):
     """
     A deployment gone from the host: service stopped (and disabled), its folder, unit and the venvs
     and snapshots only it used removed.
 
-    + plan: from ``plan_retire`` (the host's state at prepare time)
+    + plan: from resolve/retire.py ``plan_retire`` (the host's state at prepare time)
     + user: the service user its vLLM ran as: any process of it left from the deployment ends with the service
     + grace_seconds: how long the fallback's stop waits after SIGTERM before SIGKILL
     """

@@ -26,7 +26,9 @@ from models.validate import DataSources, load_deployment, origin_of
 from resolve.context import RunContext
 from resolve import nodes, sitesource as site_source_plan
 from resolve.compat import CPU_PACKAGES, HostResources
+from resolve.diskgc import SnapshotPlan, after_switch_only, plan_snapshots
 from resolve.layout import Layout
+from resolve.neighbours import check as check_neighbours
 from resolve.plan import Plan, RefusedError, gpu_selection, make_plan
 
 from . import checkpoint, diskgc, fleet, neighbours, permissions, readiness, release, runtime, secrets, service, sitesource, supervisor, waves, weights
@@ -75,7 +77,7 @@ def planned() -> tuple[Plan, RunContext]:
     host_runtime = runtime.host_runtime(deployment.settings.vllm)
     runtime.check_wheelhouse(deployment.settings.vllm, f"{origin('vllm')}, {where}")
     # the other deployments on the host (their launchers) and the ports in use: no clash
-    neighbours.check(deployment, host.name, gpus.count, origin)
+    check_neighbours(deployment, host.name, gpus.count, origin, neighbours.read(deployment.settings.root))
     try:
         plan = make_plan(
             deployment, host.name, gpus, host_runtime, origin=origin, context=context, secrets=secret_env, role=role,
@@ -147,16 +149,16 @@ class DiskCheck:
     """The disk check of the weights, made while the run is prepared, before any stage adds an operation."""
 
     host_state: dict  # the host's deployments and snapshots (fleet.HostState, light)
-    before: diskgc.SnapshotPlan  # the snapshots no kept release needs, removed before the download
+    before: SnapshotPlan  # the snapshots no kept release needs, removed before the download
     refusal: str | None  # why the download cannot fit (host, checkpoint, needed and free figures), or None
 
 
 def disk_checked(plan) -> DiskCheck:
     """Whether the snapshot's files still to fetch fit the host's disk, counting what the removal of old snapshots
-    frees (operations/diskgc.py). A refusal is the site's to act on (``when_disk_too_small``, ``refused``)."""
+    frees (resolve/diskgc.py). A refusal is the site's to act on (``when_disk_too_small``, ``refused``)."""
     part = plan.weights
     host_state = host.get_fact(fleet.HostState, root=plan.layout.root, light=True)
-    before = diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots)
+    before = plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots)
     try:
         weights.preflight(part.snapshot, part.content_dir, part.manifest, part.verify, part.disk_margin_gb,
                           freed_bytes=before.freed_bytes)
@@ -312,9 +314,9 @@ def release_switched(plan, host_state=None, before=None):
     if before is not None:
         # what was `previous` until this switch (and releases beyond keep_snapshots) may go now
         part = plan.weights
-        diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=diskgc.after_switch_only(
-            before, diskgc.plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots,
-                                          new_release=switch.release, after_switch=True)))
+        diskgc.snapshots_pruned(name="old snapshots (after the switch)", plan=after_switch_only(
+            before, plan_snapshots(host_state, plan.deployment, part.content_dir, part.keep_snapshots,
+                                   new_release=switch.release, after_switch=True)))
     return switched
 
 

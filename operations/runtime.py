@@ -28,7 +28,7 @@ from pyinfra.operations import files
 
 from . import hostpython, uv_wheel
 from resolve import wheelhouse
-from resolve.venvs import HostRuntime, host_package_names
+from resolve.venvs import HostRuntime, host_package_names, venvs_to_remove
 
 # uv publishes its binary inside PyPI wheels (operations/uv_wheel.py, also used by scripts/bootstrap.sh)
 UV_WHEEL_PLATFORMS = uv_wheel.PLATFORMS
@@ -456,18 +456,9 @@ def venvs_pruned(venvs_dir: str, deployments_dir: str, prefixes: list[str], keep
       (UV_LINK_MODE=copy), so no venv loses a file. Leave uv_cache out for a cache shared with others.
     """
     state = host.get_fact(VenvFolders, venvs_dir=venvs_dir, deployments_dir=deployments_dir)
-    protected = [posixpath.basename(p.rstrip("/")) for p in protect]
-    linked = set(state["linked"])
-    ours = {n: v for n, v in state["venvs"].items() if n.startswith(tuple(prefixes))}
-    complete = sorted((n for n, v in ours.items() if v["complete"]), key=lambda n: (-ours[n]["mtime"], n))
-    # the protected ones first, then the newest; a venv another deployment links is kept beyond the count
-    kept = [n for n in complete if n in protected]
-    for name in complete:
-        if name not in kept and name not in linked and len(kept) < keep:
-            kept.append(name)
-    remove = sorted(n for n in ours if n not in kept and n not in linked)
+    kept, remove = venvs_to_remove(state, prefixes, keep, protect)
     if not remove:
-        host.noop(f"{len(set(kept) | (linked & set(ours)))} vLLM venvs kept (keep {keep})")
+        host.noop(f"{kept} vLLM venvs kept (keep {keep})")
         return
     for name in remove:
         yield StringCommand("rm", "-rf", QuoteString(posixpath.join(venvs_dir, name)))

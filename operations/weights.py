@@ -15,21 +15,17 @@ Rules encoded here (huggingface_hub 2.4.0):
   ``incomplete_path(etag)`` itself and resumes it with a Range request after a killed run. The
   progress lines count partial bytes too.
 
-Before a byte moves, the bytes still needed (the listing's sizes minus files already present
-with their listed size, minus the partial files the fetch will resume) are checked against the free
-space of the content folder's file system (``FreeSpace``) plus the partial files the fetch will
-remove, and a margin: a download that cannot fit fails before it starts.
+Before a byte moves, the bytes still needed are checked against the free space of the content folder's
+file system (``FreeSpace``) and a margin: a download that cannot fit fails before it starts. This module
+reads the facts; the plan (what to fetch, resume and verify, and whether it fits) is resolve/weights.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import posixpath
 import re
 import shlex
-from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger, state
@@ -37,6 +33,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, QuoteString, 
 from pyinfra.operations import files
 
 from resolve.hub import HubFile, Snapshot, matches  # noqa: F401 (what the operations take)
+from resolve.weights import WeightsPlan, plan_weights
 
 from . import hostpython
 
@@ -83,123 +80,12 @@ class FreeSpace(FactBase):
         return {"path": lines[0], "free_bytes": int(match.group(3)) * 1024, "total_bytes": int(match.group(1)) * 1024}
 
 
-def partial_prefix(path: str) -> str:
-    """Where a repo file's partial files start, under ``.cache/huggingface/download``: its folder and
-    huggingface_hub 2.4.0's ``_short_hash`` of ``<name>.metadata`` (``_local_folder.py``, urlsafe base64
-    of the sha1), as ``fetch_weights.sort_partials`` reads them on the host."""
-    folder, name = posixpath.split(path)
-    digest = base64.urlsafe_b64encode(hashlib.sha1(f"{name}.metadata".encode()).digest()).decode()
-    return posixpath.join(folder, digest)
-
-
-def sort_partials(snapshot: Snapshot, to_fetch: tuple[str, ...], partial: dict[str, int]) -> tuple[int, int]:
-    """(bytes the fetch will resume, bytes of partial files it will remove): the rule of
-    ``fetch_weights.sort_partials``. A partial file is resumed when it is ``<prefix>.<etag>.incomplete``
-    of a file still to fetch that has the Hub's sha256, and no bigger than it (one per file: the commit
-    fixes the etag); every other one (a dead run's process-unique file, one of a file no longer needed) is removed."""
-    owners = {partial_prefix(f.path): f for f in snapshot.files if f.path in to_fetch and f.sha256}
-    resume: dict[str, int] = {}
-    stale = 0
-    for path, size in partial.items():
-        parent, name = posixpath.split(path)
-        parts = name.split(".")
-        owner = owners.get(posixpath.join(parent, parts[0]))
-        if owner and len(parts) == 3 and size <= owner.size:
-            resume[owner.path] = max(size, resume.get(owner.path, 0))
-        else:
-            stale += size
-    return sum(resume.values()), stale
-
-
-def human_bytes(count: float) -> str:
-    """540.1 GB, 612.3 kB, 0 B: decimal units, as the Hub and df -H show them."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(count) >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{int(count)} B"
-
-
-@dataclass(frozen=True)
-class WeightsPlan:
-    """What the weights operation will do on one host, decided from its facts before any byte moves."""
-
-    label: str  # repo@commit[:12]
-    to_fetch: tuple[str, ...]
-    fetch_bytes: int
-    to_verify: tuple[str, ...]  # present files hashed again (not vouched for by the manifest, or verify: full)
-    up_to_date: bool  # the manifest vouches for exactly these files: nothing to fetch or hash (in fast mode)
-    free: dict | None  # FreeSpace of the content folder
-    margin_bytes: int
-    resume_bytes: int = 0  # bytes of partial files a killed run left that the fetch resumes (not in fetch_bytes)
-    stale_bytes: int = 0  # bytes of partial files no run can resume: removed before the fetch
-    freed_bytes: int = 0  # what the snapshot removal before the download frees (operations/diskgc.py)
-
-    @property
-    def free_bytes(self) -> int | None:
-        """Free space once the fetch has removed the stale partial files and the old snapshots are gone."""
-        return None if self.free is None else self.free["free_bytes"] + self.stale_bytes + self.freed_bytes
-
-    @property
-    def headroom_after(self) -> int | None:
-        return None if self.free is None else self.free_bytes - self.fetch_bytes
-
-    def summary(self) -> str:
-        fetch = f"{len(self.to_fetch)} files, {human_bytes(self.fetch_bytes)} to fetch"
-        if self.resume_bytes:
-            fetch += f" ({human_bytes(self.resume_bytes)} more resumed from partial files)"
-        if self.stale_bytes:
-            fetch += f", {human_bytes(self.stale_bytes)} of a dead run's partial files to remove"
-        verify = f"{len(self.to_verify)} files to re-verify"
-        if self.free is None:
-            room = "free space unknown (df failed)"
-        else:
-            room = f"{human_bytes(self.headroom_after)} free after on {self.free['path']}"
-            if self.freed_bytes:
-                room += f" (counting {human_bytes(self.freed_bytes)} of old snapshots removed first)"
-        return f"{fetch}, {verify}, {room}"
-
-    def check_fits(self) -> None:
-        """OperationError when the files still to fetch do not fit with the margin."""
-        if not self.fetch_bytes or self.free is None:
-            return
-        if self.fetch_bytes + self.margin_bytes > self.free_bytes:
-            freed = f", {human_bytes(self.stale_bytes)} more once a dead run's partial files are removed" if self.stale_bytes else ""
-            if self.freed_bytes:
-                freed += f" + {human_bytes(self.freed_bytes)} from old snapshots removed first"
-            raise OperationError(
-                f"{self.label}: {human_bytes(self.fetch_bytes)} still to download but {self.free['path']} has "
-                f"{human_bytes(self.free['free_bytes'])} free{freed} (margin {self.margin_bytes / 1e9:g} GB). "
-                "Fix: free space or set root to a bigger disk (or lower disk_margin_gb)."
-            )
-
-
-def plan_weights(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
-                 disk_margin_gb: float = 20, freed_bytes: int = 0) -> tuple[WeightsPlan, dict]:
-    """The host's weights plan (reads WeightsManifest and FreeSpace) and the manifest fact."""
+def planned(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
+            disk_margin_gb: float = 20, freed_bytes: int = 0) -> tuple[WeightsPlan, dict]:
+    """The host's weights plan (resolve/weights.py) from its WeightsManifest and FreeSpace, and the manifest fact."""
     found = host.get_fact(WeightsManifest, manifest=manifest, folder=local_dir) or {"state": "absent"}
-    wanted = sorted(f.path for f in snapshot.files)
-    present = found.get("present", {})
-    up_to_date = found["state"] == "complete" and found["files"] == wanted
-    vouched = set(found.get("files", [])) - set(found.get("changed", [])) if found["state"] != "absent" else set()
-    to_fetch = tuple(f.path for f in snapshot.files if present.get(f.path) != f.size)
-    if verify == "full":
-        to_verify = tuple(f.path for f in snapshot.files if f.path not in to_fetch)
-    else:
-        to_verify = tuple(f.path for f in snapshot.files if f.path not in to_fetch and f.path not in vouched)
-    resume_bytes, stale_bytes = sort_partials(snapshot, to_fetch, found.get("partial", {}))
-    plan = WeightsPlan(
-        label=f"{snapshot.repo}@{snapshot.commit[:12]}",
-        to_fetch=to_fetch,
-        fetch_bytes=sum(f.size for f in snapshot.files if f.path in to_fetch) - resume_bytes,
-        to_verify=to_verify,
-        up_to_date=up_to_date,
-        free=host.get_fact(FreeSpace, path=local_dir),
-        margin_bytes=int(disk_margin_gb * 1e9),
-        resume_bytes=resume_bytes,
-        stale_bytes=stale_bytes,
-        freed_bytes=freed_bytes,
-    )
-    return plan, found
+    free = host.get_fact(FreeSpace, path=local_dir)
+    return plan_weights(snapshot, found, free, verify, disk_margin_gb, freed_bytes), found
 
 
 def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "fast",
@@ -208,7 +94,7 @@ def preflight(snapshot: Snapshot, local_dir: str, manifest: str, verify: str = "
     download that cannot fit stops the run at prepare time, also under ``pyinfra -y`` (which does
     not run operation generators until execution). ``freed_bytes``: what a removal before the
     download frees (old snapshots), counted as free space."""
-    plan, _ = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb, freed_bytes)
+    plan, _ = planned(snapshot, local_dir, manifest, verify, disk_margin_gb, freed_bytes)
     try:
         plan.check_fits()
     except OperationError as error:
@@ -267,8 +153,8 @@ def downloaded(snapshot: Snapshot, local_dir: str, manifest: str, python: str, s
     """
     if verify not in ("fast", "full"):
         raise OperationError(f"verify must be 'fast' or 'full', not {verify!r}")
-    plan, found = plan_weights(snapshot, local_dir, manifest, verify, disk_margin_gb,
-                               0 if state.is_executing else freed_bytes)
+    plan, found = planned(snapshot, local_dir, manifest, verify, disk_margin_gb,
+                          0 if state.is_executing else freed_bytes)
     if plan.up_to_date and verify == "fast":
         host.noop(
             f"{len(found['files'])} files, {found['bytes'] / 1e9:.3f} GB of {plan.label} verified; {plan.summary()}"

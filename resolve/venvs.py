@@ -6,6 +6,7 @@ build, and the check run in a new venv. operations/runtime.py builds the venvs t
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +113,21 @@ def vllm_check(package: str, version: str | None = None) -> str:
         "assert v == want or ('+' not in want and v.split('+')[0] == want), f'vllm {v} is installed, not {want}'; "
         "print('vllm', v)"
     )
+
+
+def venvs_to_remove(found: dict, prefixes: list[str], keep: int, protect: list[str]) -> tuple[int, list[str]]:
+    """Which of heavylift's venvs under a folder go (``found``: operations/runtime.py ``VenvFolders``): those
+    named with one of ``prefixes``, beyond ``keep`` complete ones, and leftovers of failed builds. Never one of
+    ``protect`` (folders: the one this run activates, the one it replaces) nor one a deployment or kept release
+    links. Returns (how many stay, the names to remove, sorted)."""
+    protected = [posixpath.basename(p.rstrip("/")) for p in protect]
+    linked = set(found["linked"])
+    ours = {n: v for n, v in found["venvs"].items() if n.startswith(tuple(prefixes))}
+    complete = sorted((n for n, v in ours.items() if v["complete"]), key=lambda n: (-ours[n]["mtime"], n))
+    # the protected ones first, then the newest; a venv another deployment links is kept beyond the count
+    kept = [n for n in complete if n in protected]
+    for name in complete:
+        if name not in kept and name not in linked and len(kept) < keep:
+            kept.append(name)
+    remove = sorted(n for n in ours if n not in kept and n not in linked)
+    return len(set(kept) | (linked & set(ours))), remove

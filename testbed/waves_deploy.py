@@ -17,6 +17,7 @@ from pyinfra import host, state  # noqa: E402
 from pyinfra.operations import files, server  # noqa: E402
 
 from operations import waves, weights  # noqa: E402
+from resolve.waves import plan_waves  # noqa: E402
 
 
 def _deployment(other):
@@ -27,7 +28,7 @@ def _deployment(other):
 
 
 FOLDER = host.data.get("waves_dir", "/opt/waves")
-plan = waves.plan_waves({h.name: _deployment(h) for h in host.inventory}, [h.name for h in host.inventory])
+plan = plan_waves({h.name: _deployment(h) for h in host.inventory}, [h.name for h in host.inventory])
 if host.data.get("waves_refuse") == host.name:  # as deploy.py: this host gets nothing else
     waves.excused(host, state, plan, "refused while prepared (stand-in)")
     weights.refused(name="refused (stand-in)", why=f"{host.name}: refused while prepared (stand-in)")

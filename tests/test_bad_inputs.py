@@ -825,7 +825,8 @@ def test_neighbours_that_fit_pass(hub_mirror, tmp_path_factory):
         "deployment = load_deployment(host)\n",
         "deployment = load_deployment(host)\n"
         "from operations import neighbours\n"
-        "neighbours.check(deployment, host.name, 0, lambda key: key)\n",
+        "from resolve.neighbours import check\n"
+        "check(deployment, host.name, 0, lambda key: key, neighbours.read(deployment.settings.root))\n",
     )
 
     def own(root: Path) -> None:
@@ -1015,9 +1016,9 @@ def test_bad_host_data(tmp_path, change, expected):
 
 
 def test_wave_sizes_that_differ_within_a_deployment_name_both_files(tmp_path):
-    """Waves are cut per deployment: its hosts must agree on the size (operations/waves.py), said before any change."""
+    """Waves are cut per deployment: its hosts must agree on the size (resolve/waves.py), said before any change."""
     from models.validate import origin_of
-    from operations import waves
+    from resolve import waves
 
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "fleet.py").write_text("wave_size = 1\n")

@@ -23,7 +23,9 @@ from operations import argtypes, factbatch, fleet, hostlock, retire, rollback, r
 from operations.oporder import pyinfra_operation
 from resolve.layout import Layout
 from resolve.plan import GatePart, SwitchPart, service_part
+from resolve.retire import RetirePlan
 from resolve.rollback import RollbackPlan
+from resolve.waves import plan_waves
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GIVEN_BACK = "deploy lock given back"
@@ -91,7 +93,7 @@ def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dr
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=dry)))
     deployment = SimpleNamespace(name="tiny", settings=SimpleNamespace(wave_size=wave_size, max_unavailable=None,
                                                                        root="/opt/heavylift"))
-    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves(
+    monkeypatch.setattr(waves, "planned", lambda host, context: plan_waves(
         {"h1": deployment, "h2": deployment}, ["h1", "h2"]))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
@@ -114,7 +116,7 @@ def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dr
 def test_deploy_until_prepare_stops_before_the_switch_and_still_gives_the_lock_back(cli, monkeypatch):
     plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="prepare")
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
-    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
+    monkeypatch.setattr(waves, "planned", lambda host, context: plan_waves({}, []))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
     for name, label, result in [
@@ -137,7 +139,7 @@ def test_deploy_with_a_disk_too_small_on_one_host_holds_the_run_or_leaves_that_h
     plan = SimpleNamespace(layout=Layout.of_host(None).of("tiny"), until="serve",
                            weights=SimpleNamespace(when_too_small=when))
     monkeypatch.setattr(rollout, "planned", lambda: (plan, SimpleNamespace(dry=False)))
-    monkeypatch.setattr(waves, "planned", lambda host, context: waves.plan_waves({}, []))
+    monkeypatch.setattr(waves, "planned", lambda host, context: plan_waves({}, []))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     why = "h2: heavylift/tiny@0123456789ab: 5.0 MB still to download but /opt/heavylift/models has 1.0 MB free (margin 0 GB)."
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(
@@ -260,7 +262,7 @@ def test_a_rollback_leaves_its_option_to_itself_for_a_deploy_in_the_same_process
 @pytest.mark.parametrize("dry", [False, True], ids=["run", "dry"])
 def test_retire_removes_under_the_lock(cli, monkeypatch, dry):
     layout = Layout.of_host(None).of("tiny")
-    plan = retire.RetirePlan("tiny", layout.deployment_dir, {"manager": "systemd"}, layout, user="vllm")
+    plan = RetirePlan("tiny", layout.deployment_dir, {"manager": "systemd"}, layout, user="vllm")
     monkeypatch.setattr(retire, "planned", lambda: (plan, SimpleNamespace(dry=dry)))
     state = prepared("retire.py")
     assert assert_lock_around(state, cli, dry) == ["retire deployment tiny"]

