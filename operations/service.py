@@ -114,17 +114,27 @@ class RunningRelease(FactBase):
     environment can be rewritten by the process (setproctitle), its cwd cannot from outside.
     ``release`` is None when the process runs from elsewhere (started by another launcher).
     The process is systemd's MainPID of the unit (``systemd:UNIT``) or the pidfile's (``pidfile:PATH``).
+
+    With ``secrets`` (the service's environment file) also ``"secrets_newer"``: whether the file was written
+    after the process started (its mtime against the start time in ``/proc/<pid>/stat``, field 22, clock ticks
+    after ``btime`` of ``/proc/stat``; proc(5)): a run that wrote new secrets and was killed before its restart.
     """
 
-    def command(self, pid_source, releases_dir):
+    def command(self, pid_source, releases_dir, secrets=None):
         kind, _, value = pid_source.partition(":")
         if kind == "systemd":
             find = StringCommand("pid=$(systemctl show -p MainPID --value", QuoteString(value), "2>/dev/null)")
         else:
             find = StringCommand("pid=$(head -n 1", QuoteString(value), "2>/dev/null)")
+        times = []
+        if secrets:
+            # field 22 is the 20th after the ") " that ends the command name (which may hold spaces)
+            started = ("awk -v tck=\"$(getconf CLK_TCK)\" -v boot=\"$(awk '/^btime/ {print $2}' /proc/stat)\" "
+                       "'{sub(/.*\\) /, \"\"); print \"started=\" int(boot + $20 / tck)}' \"/proc/$pid/stat\" 2>/dev/null")
+            times = [";", started, ";", "echo", '"secrets=$(stat -c %Y', QuoteString(secrets), '2>/dev/null)"']
         return StringCommand(
             find, ";", 'case "$pid" in', "''|0|*[!0-9]*)", "echo", "none", ";;", "*)",
-            "echo", '"pid=$pid"', ";", "readlink", '"/proc/$pid/cwd"', "||", "echo", "none", ";;", "esac",
+            "echo", '"pid=$pid"', ";", "readlink", '"/proc/$pid/cwd"', "||", "echo", "none", *times, ";;", "esac",
             ";", "echo", QuoteString(f"releases={releases_dir.rstrip('/')}"),
         )
 
@@ -136,15 +146,25 @@ class RunningRelease(FactBase):
         if pid is None or cwd is None:  # no process, or it is gone (no /proc/<pid>)
             return None
         folder, release = posixpath.split(cwd.rstrip("/"))
-        return {"pid": pid, "release": release if folder == releases and release else None}
+        found = {"pid": pid, "release": release if folder == releases and release else None}
+        times = {key: int(value) for key, _, value in (line.partition("=") for line in lines)
+                 if key in ("started", "secrets") and value.isdigit()}
+        if len(times) == 2:
+            # whole seconds both: a file written in the second the process started counts as read by it
+            found["secrets_newer"] = times["secrets"] > times["started"]
+        return found
 
 
-def stale_release(pid_source: str, releases_dir: str, release: str | None) -> str | None:
+def stale_release(pid_source: str, releases_dir: str, release: str | None, secrets: str | None = None) -> str | None:
     """Why the running process must be restarted though nothing changed in this run: it was started
-    from another release than ``release`` (a run that died after switching ``current``); else None."""
+    from another release than ``release`` (a run that died after switching ``current``), or before its
+    ``secrets`` file was last written (a run that died after writing them: the file is not part of the release,
+    so nothing else would ever bring them into effect); else None."""
     if not release or not pid_source:
         return None
-    running = host.get_fact(RunningRelease, pid_source=pid_source, releases_dir=releases_dir)
+    running = host.get_fact(RunningRelease, pid_source=pid_source, releases_dir=releases_dir, secrets=secrets)
+    if running is not None and running.get("secrets_newer"):
+        return f"vLLM (pid {running['pid']}) started before {secrets} was last written"
     return _runs_another(running, release)
 
 
@@ -273,7 +293,8 @@ def systemd_restart(unit: str, reap: list[StringCommand]) -> list[StringCommand]
 
 @operation()
 def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: OperationMeta | None = None,
-                 release: str | None = None, releases_dir: str = "", group: tuple[str, ...] = (), user: str = ""):
+                 release: str | None = None, releases_dir: str = "", group: tuple[str, ...] = (), user: str = "",
+                 env_file: str | None = None):
     """
     A systemd unit enabled and running, restarted when a dependency changed or when it runs
     another release than ``release``.
@@ -285,6 +306,7 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     + releases_dir: the folder of the release folders
     + group: the host names of its multi-node group: a change on any node restarts every node
     + user: the service user: what the old process left is ended after its stop (``processes_ended``)
+    + env_file: the unit's EnvironmentFile: written after the process started, it restarts it
     """
     reap = [processes_ended(releases_dir, user, f"systemd:{unit}")] if user and releases_dir else []
     status = host.get_fact(SystemdUnitState, unit=unit)
@@ -304,7 +326,7 @@ def systemd_unit(unit: str, dependencies: list[OperationMeta], unit_file_op: Ope
     elif changed_in_this_run(dependencies, group):
         nodegroup.group_changes(state, host, group)
         yield from systemd_restart(unit, reap)
-    elif why := stale_release(f"systemd:{unit}", releases_dir, release):
+    elif why := stale_release(f"systemd:{unit}", releases_dir, release, env_file):
         nodegroup.group_changes(state, host, group)
         logger.warning(f"{host.print_prefix}{why}: restarting {unit}")
         yield from systemd_restart(unit, reap)
@@ -399,7 +421,7 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
         nodegroup.group_changes(state, host, group)
         yield from stopped
         yield _start(launcher, env_file, pidfile, logfile, user, home)
-    elif why := stale_release(f"pidfile:{pidfile}", releases_dir, release):
+    elif why := stale_release(f"pidfile:{pidfile}", releases_dir, release, env_file):
         nodegroup.group_changes(state, host, group)
         logger.warning(f"{host.print_prefix}{why}: restarting it")
         yield from stopped

@@ -72,6 +72,7 @@ class Supervisor:
                 name=f"service {layout.unit_name}", unit=layout.unit_name,
                 dependencies=[*dependencies, unit_file], unit_file_op=unit_file,
                 release=plan.release.id, releases_dir=layout.releases, group=plan.group, user=part.user,
+                env_file=layout.env_file,
             )
         return service.daemon(
             name="service (start-stop-daemon)", launcher=layout.service_launcher, env_file=layout.env_file,

@@ -176,6 +176,54 @@ def test_a_run_killed_between_the_switch_and_the_restart_is_converged_by_the_nex
     assert back.returncode == 0, back.output[-4000:]
 
 
+def test_a_run_killed_after_writing_a_rotated_key_is_brought_into_effect_by_the_next(site):
+    """A run rotating the API key dies (SIGKILL) right after it wrote the secrets file, before its restart: vLLM
+    still runs with the old key, and the file is not part of the release. The next run sees the file written
+    after vLLM started, restarts it, and the new key is the one that opens the API."""
+    import os
+    import signal
+    import subprocess
+
+    from conftest import PYINFRA
+
+    host = site["host"]
+    pid, release = read_pid(host), current_release(host)
+    secrets = host.view(f"{DEPLOYMENT_DIR}/private/serve.env")
+    written = secrets.stat().st_mtime_ns
+    rotated = {**SECRET_ENV, "HEAVYLIFT_TEST_API_KEY": API_KEY_2}
+    killed = subprocess.Popen([PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **rotated})
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and killed.poll() is None:
+            if secrets.stat().st_mtime_ns != written:
+                killed.send_signal(signal.SIGSTOP)  # frozen at once: no later command goes out
+                break
+            time.sleep(0.005)
+        else:
+            pytest.fail("the run never wrote the secrets file")
+    finally:
+        killed.kill()
+        killed.wait()
+    # the state the fault leaves: the new key on disk, vLLM still running with the old one
+    assert read_pid(host) == pid, "the killed run got as far as the restart: nothing to converge"
+    assert API_KEY_2 in secrets.read_text() and complete()["choices"][0]["text"] is not None
+
+    converged = run_pyinfra(site["inventory"], env=rotated)
+    site["outputs"].append(converged.output)
+    assert converged.returncode == 0, converged.output[-5000:]
+    assert f"vLLM (pid {pid}) started before {DEPLOYMENT_DIR}/private/serve.env was last written: restarting it" \
+        in converged.output, converged.output[-5000:]
+    assert read_pid(host) != pid and current_release(host) == release
+    assert complete(key=API_KEY_2)["choices"][0]["text"] is not None
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        complete()
+    assert refused.value.code == 401
+    back = run_pyinfra(site["inventory"], env=SECRET_ENV)  # the key the later tests use
+    site["outputs"].append(back.output)
+    assert back.returncode == 0 and complete()["choices"][0]["text"] is not None, back.output[-4000:]
+
+
 def test_dry_diff_shows_the_unit_and_never_a_secret(site):
     host = site["host"]
     env_file = host.path(f"{DEPLOYMENT_DIR}/private/serve.env")

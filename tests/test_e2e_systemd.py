@@ -263,6 +263,26 @@ def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
                     if re.search(r"locked by|rolling back|rolled back|report:", line))[:3000])
 
 
+def test_rollback_on_demand_restarts_the_unit_into_a_kept_release(site):
+    """rollback.py under systemd: the unit restarts into the first release (neither the one serving nor the one
+    that failed above), through the gate, both ranks new; status.json says what it was rolled back from."""
+    host = site["host"]
+    serving, failed = current_release(host), status(host)["rolled_back_from"]
+    kept = sorted(set(host.run(f"ls {DEPLOYMENT_DIR}/releases").stdout.split()) - {serving, failed})
+    assert kept, host.run(f"ls -l {DEPLOYMENT_DIR}/releases").stdout
+    pid, old_ranks = main_pid(host), ranks(host)
+    back = run_pyinfra(site["inventory"], "--data", f"release={kept[0]}", env=SECRET_ENV, deploy="rollback.py")
+    site["outputs"].append(back.output)
+    assert back.returncode == 0, back.output[-5000:]
+    assert current_release(host) == kept[0] and main_pid(host) != pid
+    assert unit_property(host, "ActiveState") == "active"
+    assert f"/releases/{kept[0]}/" in host.run(["ps", "-o", "args=", "-p", str(main_pid(host))]).stdout
+    figures = status(host)
+    assert figures["release"] == kept[0] and figures["rolled_back_from"] == serving and figures["healthy"], figures
+    assert sorted(ranks(host)) == [0, 1] and not set(ranks(host).values()) & set(old_ranks.values())
+    assert complete(site)["choices"][0]["text"] is not None
+
+
 def test_no_secret_in_output_argv_files_or_journal(site):
     host = site["host"]
     for output in site["outputs"]:

@@ -136,3 +136,46 @@ def test_running_release_live(local_host, odd_dir):
             process.kill()
             process.wait()
     assert local_host.get_fact(RunningRelease, **args) is None  # the pidfile names a dead process
+
+
+def test_secrets_written_after_the_process_started_make_it_stale_live(local_host, odd_dir):
+    """A run that wrote new secrets and was killed before its restart: the environment file is newer than the
+    running process (its start time from /proc), so the next run restarts it; secrets it started with do not."""
+    import subprocess
+
+    from operations.service import RunningRelease
+
+    releases = odd_dir / "releases"
+    (releases / "abc123").mkdir(parents=True)
+    pidfile = odd_dir / "run" / "serve.pid"
+    pidfile.parent.mkdir()
+    secrets = odd_dir / "private" / "serve.env"
+    secrets.parent.mkdir()
+    secrets.write_text("VLLM_API_KEY=old\n")
+    os.utime(secrets, (time.time() - 120, time.time() - 120))  # written before the start
+    args = {"pid_source": f"pidfile:{pidfile}", "releases_dir": str(releases), "secrets": str(secrets)}
+    process = subprocess.Popen(["sleep", "60"], cwd=releases / "abc123")
+    try:
+        pidfile.write_text(f"{process.pid}\n")
+        assert local_host.get_fact(RunningRelease, **args) == {"pid": process.pid, "release": "abc123",
+                                                               "secrets_newer": False}
+        secrets.write_text("VLLM_API_KEY=new\n")
+        os.utime(secrets, (time.time() + 5, time.time() + 5))  # whole seconds: clearly after the start
+        assert local_host.get_fact(RunningRelease, **args)["secrets_newer"] is True
+        # without the file named, the fact is what it was
+        assert local_host.get_fact(RunningRelease, pid_source=args["pid_source"], releases_dir=str(releases)) == \
+            {"pid": process.pid, "release": "abc123"}
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_secrets_newer_than_the_process_restart_it_with_the_reason():
+    from operations import service
+
+    lines = ["pid=42", "/opt/heavylift/deployments/kimi/releases/abc123", "started=1000", "secrets=1001",
+             "releases=/opt/heavylift/deployments/kimi/releases"]
+    assert service.RunningRelease().process(lines) == {"pid": 42, "release": "abc123", "secrets_newer": True}
+    # the same second: written by the run that started it
+    lines[3] = "secrets=1000"
+    assert service.RunningRelease().process(lines)["secrets_newer"] is False
