@@ -1,5 +1,6 @@
 """What the rollout end-to-end tests share: fake secrets, and the places they must never reach
-(every process's argv, world-readable files, logs), and the serving API behind its key."""
+(every process's argv, world-readable files, logs), the serving API behind its key, and what a test host's
+deployment folder says (the release ``current`` names, the pid in the fallback's pidfile)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import PYINFRA, REPO_ROOT, PyinfraRun, run_pyinfra
+from conftest import PYINFRA, REPO_ROOT, TEST_ROOT, PyinfraRun, run_pyinfra
 
 # fake secrets, unique enough to find anywhere they leak
 HF_TOKEN = "hf_heavyliftFAKEtoken7c1e9"
@@ -21,6 +22,20 @@ API_KEY_2 = "sk-heavylift-FAKE-rotated-9f3a"
 SECRET_ENV = {"HEAVYLIFT_TEST_HF_TOKEN": HF_TOKEN, "HEAVYLIFT_TEST_API_KEY": API_KEY}
 SECRETS = (HF_TOKEN, API_KEY, API_KEY_2)
 SECRET_SOURCES = {"hf_token": "env:HEAVYLIFT_TEST_HF_TOKEN", "api_key": "env:HEAVYLIFT_TEST_API_KEY"}
+
+# the deployment every rollout test host serves (the tiny model's, or another checkpoint under its name)
+DEPLOYMENT_DIR = f"{TEST_ROOT}/deployments/tiny-llama"
+PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
+
+
+def read_pid(host) -> int:
+    """The pid of the fallback supervisor's vLLM (its pidfile)."""
+    return int(host.run(f"cat {PIDFILE}").stdout.strip())
+
+
+def current_release(host) -> str:
+    """The release ``current`` names."""
+    return host.run(f"readlink {DEPLOYMENT_DIR}/current").stdout.strip().rsplit("/", 1)[-1]
 
 
 class ArgvWatcher:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import rollout_support
+from rollout_support import read_pid
 from conftest import REPO_ROOT, TEST_ROOT, one_core_each, run_pyinfra, tiny_site_data
 from testbed.ssh_hosts import find_free_port
 
@@ -25,7 +26,6 @@ while PORTS["host2"] == PORTS["host1"]:
     PORTS["host2"] = find_free_port()
 ROOT = TEST_ROOT
 CORES = one_core_each(PORTS)  # the two hosts start together: each on a core of its own
-PIDFILE = f"{ROOT}/deployments/tiny-llama/run/serve.pid"
 
 
 def site_data(mirror_url, uv_cache, **overrides):
@@ -40,9 +40,6 @@ def complete(port, prompt="Hello"):
     with urllib.request.urlopen(request, timeout=60) as answer:
         return json.load(answer)
 
-
-def read_pid(host):
-    return int(host.run(f"cat {PIDFILE}").stdout.strip())
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ import pytest
 
 import rollout_support
 from conftest import PYINFRA, REPO_ROOT, TEST_ROOT, run_pyinfra, tiny_site_data
-from rollout_support import API_KEY, API_KEY_2, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher
+from rollout_support import (API_KEY, API_KEY_2, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher,
+                             current_release, read_pid)
 from testbed.ssh_hosts import find_free_port
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +33,6 @@ pytestmark = pytest.mark.e2e
 PORT = find_free_port()
 ROOT = TEST_ROOT
 DEPLOYMENT_DIR = f"{ROOT}/deployments/tiny-llama"
-PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
 def site_data(mirror_url, uv_cache, **overrides):
     return tiny_site_data(mirror_url, uv_cache, port=PORT, readiness_timeout=600, service_manager="fallback",
                           **SECRET_SOURCES, shutdown_timeout=5, benchmark_tokens=16, **overrides)
@@ -45,12 +45,6 @@ def complete(key=API_KEY):
     return rollout_support.complete(ENDPOINT, key=key)
 
 
-def read_pid(host):
-    return int(host.run(f"cat {PIDFILE}").stdout.strip())
-
-
-def current_release(host):
-    return host.run(f"readlink {DEPLOYMENT_DIR}/current").stdout.strip().rsplit("/", 1)[-1]
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ import pytest
 
 import rollout_support
 from conftest import TEST_ROOT, run_pyinfra, tiny_site_data
-from rollout_support import API_KEY, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher, rank_segments, ranks
+from rollout_support import (API_KEY, HF_TOKEN, SECRET_ENV, SECRET_SOURCES, SECRETS, ArgvWatcher, current_release,
+                             rank_segments, ranks)
 from testbed.hub_mirror import HubMirror
 from testbed.systemd_host import SystemdHost, machine_cgroups
 
@@ -60,9 +61,6 @@ def unit_property(host, name):
 def main_pid(host):
     return int(unit_property(host, "MainPID"))
 
-
-def current_release(host):
-    return host.run(f"readlink {DEPLOYMENT_DIR}/current").stdout.strip().rsplit("/", 1)[-1]
 
 
 def status(host):

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 import rollout_support
+from rollout_support import read_pid, current_release
 from conftest import TEST_ROOT, one_core_each, run_pyinfra, tiny_site_data
 from testbed.ssh_hosts import find_free_port
 
@@ -34,7 +35,6 @@ for _name in NAMES:
 # other (on core 0 together, a host starting under client traffic waited minutes for it)
 CORE_OF = {**one_core_each(NAMES), "host3": one_core_each(NAMES)["host2"]}
 DEPLOYMENT_DIR = f"{TEST_ROOT}/deployments/tiny-llama"
-PIDFILE = f"{DEPLOYMENT_DIR}/run/serve.pid"
 # a good change for the whole fleet (a new release everywhere), and one vLLM refuses at start for host2
 GOOD = ["--max-num-seqs", "4"]
 # vLLM's drain on SIGTERM (--shutdown-timeout): the requests in flight when a restart begins finish in it. A drain
@@ -52,12 +52,6 @@ def complete(port):
         return json.load(answer)
 
 
-def read_pid(host):
-    return int(host.run(f"cat {PIDFILE}").stdout.strip())
-
-
-def current_release(host):
-    return host.run(f"readlink {DEPLOYMENT_DIR}/current").stdout.strip().rsplit("/", 1)[-1]
 
 
 def running_release(host):
