@@ -186,6 +186,10 @@ def weights_present(plan, check: DiskCheck):
     (what ``check`` planned: ``disk_checked``).
 
     Returns the host's state and what the removal planned (the after-switch removal adds to it)."""
+    if check.refusal:
+        # a host whose disk cannot hold the checkpoint never downloads: deploy.py acts on the refusal before any
+        # stage (``refused``); a deploy that calls this stage directly is refused here, while it is prepared
+        raise OperationError(check.refusal)
     layout, part = plan.layout, plan.weights
     for script in weights.HOST_SCRIPTS:
         files.put(name=f"heavylift host script {script}", src=f"{weights.SCRIPTS_DIR}/{script}", dest=layout.script(script))
