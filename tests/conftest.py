@@ -167,6 +167,32 @@ def run_pyinfra(
 # --- end of Hub mirror, vLLM runtime cache, pyinfra runner -----------------------------------
 
 
+# --- this machine as a pyinfra host, for facts and operations run for real ------------------------------------
+@pytest.fixture(scope="module")
+def local_host():
+    from pyinfra_fixtures import local_pyinfra_host
+
+    return local_pyinfra_host()
+
+
+@pytest.fixture
+def odd_dir(tmp_path):
+    """A folder whose path needs quoting in any shell command: a space, a quote and a dollar."""
+    folder = tmp_path / "heavy lift" / "it's $HOME"
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def python3_on_path(tmp_path_factory, monkeypatch):
+    """`python3` for the host-side scripts: this interpreter, not a slow version-manager shim."""
+    import sys
+
+    bin_dir = tmp_path_factory.mktemp("bin")
+    (bin_dir / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
 # --- time per test file: where the suite's minutes go (printed after pytest's own durations) --------
 _FILE_SECONDS: dict[str, float] = {}
 

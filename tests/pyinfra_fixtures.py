@@ -44,6 +44,9 @@ and adds what these operations need. Case files:
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import copy
 import dataclasses
 import inspect
@@ -360,3 +363,9 @@ def local_pyinfra_host():
     state = State(inventory, Config())
     connect_all(state)
     return inventory.get_host("@local")
+
+
+def sh(command: str) -> str:
+    """``command`` run by this machine's sh with only PATH set: what a host's shell does with a command."""
+    return subprocess.run(["sh", "-c", command], check=True, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]}).stdout

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from operations.gpu import COMMAND, Gpu, GpuInventory, NvidiaGpus, parse_nvidia_smi
-from pyinfra_fixtures import local_pyinfra_host
 
 CASES_DIR = Path(__file__).parent / "fixtures" / "nvidia-smi"
 CASES = {path.stem: json.loads(path.read_text()) for path in sorted(CASES_DIR.glob("*.json"))}
@@ -95,11 +94,6 @@ def fake_nvidia_smi(folder: Path, spec: dict) -> None:
     script = folder / "nvidia-smi"
     script.write_text("\n".join(lines) + "\n")
     script.chmod(0o755)
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -1,30 +1,11 @@
 """operations/checkpoint.py: the overlay folder's links into the Hub cache, made by a shell on this machine and
 read back by the FolderLinks fact (paths with spaces, quotes and $)."""
 
-import os
-import subprocess
 
-import pytest
 
 from operations import checkpoint
 from operations.checkpoint import FolderLinks
-from pyinfra_fixtures import local_pyinfra_host, run_operation
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
-
-
-@pytest.fixture
-def odd_dir(tmp_path):
-    folder = tmp_path / "heavy lift" / "it's $HOME"
-    folder.mkdir(parents=True)
-    return folder
-
-
-def sh(command: str) -> str:
-    return subprocess.run(["sh", "-c", command], check=True, capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout
+from pyinfra_fixtures import run_operation, sh
 
 
 def test_links_commands_converge(local_host, odd_dir):

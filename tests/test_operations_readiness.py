@@ -4,7 +4,6 @@ text, and the rollback to the previous release when the gate fails."""
 import json
 import os
 import shlex
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,22 +15,8 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from operations import readiness
 from operations.readiness import ServingProbe, report_line
-from pyinfra_fixtures import local_pyinfra_host
 
 PROBE_SCRIPT = str(Path(readiness.__file__).parent / "scripts" / readiness.PROBE_SCRIPT)
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
-
-
-@pytest.fixture
-def python3_on_path(tmp_path_factory, monkeypatch):
-    """`python3` for the host-side scripts: this interpreter, not a slow version-manager shim."""
-    bin_dir = tmp_path_factory.mktemp("bin")
-    (bin_dir / "python3").symlink_to(sys.executable)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
 class ShellHost:

@@ -4,11 +4,9 @@ venv commands, run by a shell on this machine, converging to what the CompleteVe
 import hashlib
 import io
 import json
-import os
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import urllib.error
 import zipfile
@@ -19,23 +17,7 @@ from pyinfra.api import OperationError
 
 from operations import runtime
 from operations.runtime import CompleteVenv, InstalledVersion, VllmRuntimeState
-from pyinfra_fixtures import local_pyinfra_host, run_operation
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
-
-
-@pytest.fixture
-def odd_dir(tmp_path):
-    folder = tmp_path / "heavy lift" / "it's $HOME"
-    folder.mkdir(parents=True)
-    return folder
-
-
-def sh(command: str) -> str:
-    return subprocess.run(["sh", "-c", command], check=True, capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout
+from pyinfra_fixtures import run_operation, sh
 
 
 def fake_pypi(monkeypatch, wheel_name: str, wheel: bytes, sha256: str):

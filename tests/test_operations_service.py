@@ -13,24 +13,8 @@ import pytest
 from models.errors import HeavyliftConfigError
 from operations import service
 from operations.service import DaemonRunning, InitSystem, SystemdUnitState
-from pyinfra_fixtures import local_pyinfra_host, run_operation
+from pyinfra_fixtures import run_operation, sh
 from resolve.gpus import GpuInventory
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
-
-
-@pytest.fixture
-def odd_dir(tmp_path):
-    folder = tmp_path / "heavy lift" / "it's $HOME"
-    folder.mkdir(parents=True)
-    return folder
-
-
-def sh(command: str) -> str:
-    return subprocess.run(["sh", "-c", command], check=True, capture_output=True, text=True, env={"PATH": os.environ["PATH"]}).stdout
 
 
 def deployment(tp, gpus):

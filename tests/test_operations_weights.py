@@ -4,32 +4,11 @@ where it goes), the plan line the download logs and the preflight (the plan itse
 import json
 import logging
 import os
-import sys
 
 import pytest
 
 from operations.weights import FreeSpace, WeightsManifest
-from pyinfra_fixtures import local_pyinfra_host, run_operation
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
-
-
-@pytest.fixture
-def python3_on_path(tmp_path_factory, monkeypatch):
-    """`python3` for the host-side scripts: this interpreter, not a slow version-manager shim."""
-    bin_dir = tmp_path_factory.mktemp("bin")
-    (bin_dir / "python3").symlink_to(sys.executable)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-
-
-@pytest.fixture
-def odd_dir(tmp_path):
-    folder = tmp_path / "heavy lift" / "it's $HOME"
-    folder.mkdir(parents=True)
-    return folder
+from pyinfra_fixtures import run_operation
 
 
 def test_weights_manifest_live(local_host, odd_dir, tmp_path, python3_on_path):

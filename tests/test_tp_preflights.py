@@ -12,7 +12,6 @@ import pytest
 from models.schema import NVLINK_MULTICAST_OFF, SiteSettings
 from operations.gpu import NvidiaGpuUse, NvidiaTopology
 from operations.shm import DevShm
-from pyinfra_fixtures import local_pyinfra_host
 from resolve.compat import Requested, resolve
 from resolve.shm import MIB, ShmSpace
 from test_compat import H200, H200_REAL, LLAMA8B, TOPO_NVLINK, TOPO_PCIE, gpu_use, on
@@ -98,11 +97,6 @@ def test_shm_refusal_names_field_and_fix():
 
 
 # ---------------------------------------------------------------- the facts' real commands
-
-
-@pytest.fixture(scope="module")
-def local_host():
-    return local_pyinfra_host()
 
 
 def test_dev_shm_fact_on_this_machine(local_host):
