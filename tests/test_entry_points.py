@@ -86,6 +86,16 @@ def stage(label, result=None):
     return run
 
 
+# deploy.py's stages (operations/rollout.py), each replaced by one stand-in operation: (function, its label, what
+# it returns)
+DEPLOY_STAGES = [
+    ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
+    ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
+    ("release_switched", "switch", None), ("service_running", "service", (None, None)),
+    ("gate_passed", "gate", dict), ("wave_rolled_back", "wave rollback", None),
+]
+
+
 @pytest.mark.parametrize("dry", [False, True], ids=["run", "dry"])
 @pytest.mark.parametrize("wave_size", [None, 1], ids=["all-at-once", "waves"])
 def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dry, wave_size):
@@ -97,12 +107,7 @@ def test_deploy_takes_the_lock_first_and_gives_it_back_last(cli, monkeypatch, dr
         {"h1": deployment, "h2": deployment}, ["h1", "h2"]))
     monkeypatch.setattr(rollout, "report_resolution", lambda plan: None)
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(refusal=None))
-    for name, label, result in [
-        ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
-        ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
-        ("release_switched", "switch", None), ("service_running", "service", (None, None)),
-        ("gate_passed", "gate", dict), ("wave_rolled_back", "wave rollback", None),
-    ]:
+    for name, label, result in DEPLOY_STAGES:
         monkeypatch.setattr(rollout, name, stage(label, result))
 
     state = prepared("deploy.py")
@@ -144,12 +149,7 @@ def test_deploy_with_a_disk_too_small_on_one_host_holds_the_run_or_leaves_that_h
     why = "h2: heavylift/tiny@0123456789ab: 5.0 MB still to download but /opt/heavylift/models has 1.0 MB free (margin 0 GB)."
     monkeypatch.setattr(rollout, "disk_checked", lambda plan: SimpleNamespace(
         refusal=why if pyinfra.host.name == "h2" else None))
-    for name, label, result in [
-        ("runtime_converged", "runtime", list), ("weights_present", "weights", (None, None)),
-        ("overlay_rendered", "overlay", list), ("release_staged", "release", list), ("readable", "readable", None),
-        ("release_switched", "switch", None), ("service_running", "service", (None, None)),
-        ("gate_passed", "gate", dict), ("wave_rolled_back", "wave rollback", None),
-    ]:
+    for name, label, result in DEPLOY_STAGES:
         monkeypatch.setattr(rollout, name, stage(label, result))
     if when == "hold":
         with pytest.raises(OperationError, match="set when_disk_too_small: proceed .* No host was changed"):
