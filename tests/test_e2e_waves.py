@@ -197,33 +197,44 @@ def test_a_rolling_upgrade_under_traffic_keeps_max_unavailable_and_breaks_no_str
 
     burst, drain_began = [], []
     log_file = fleet["inventory"].parent / "rollout-under-traffic.log"
+
+    def send_until_host1_drains(run) -> float:
+        """Wave 1 switches host1's `current`, then stops its vLLM: long requests sent from the switch on are in
+        flight when the stop begins, and vLLM says when its drain begins. Returns that moment."""
+        rollout_support.wait_until(lambda: os.readlink(link).rsplit("/", 1)[-1] != old_release or run.poll() is not None,
+                                   timeout=900, what="wave 1's switch on host1", step=0.01)
+        stopping = threading.Event()
+
+        def send_until_the_stop():  # one long request after another: one is always in flight
+            while not stopping.is_set():
+                burst.append(load.complete("host1", max_tokens=BURST_TOKENS))
+
+        senders = [threading.Thread(target=send_until_the_stop) for _ in range(BURST)]
+        for sender in senders:
+            sender.start()
+        try:
+            rollout_support.wait_until(lambda: drain_logged() or run.poll() is not None,
+                                       timeout=900, what="host1's vLLM stop", step=0.01)
+            return time.monotonic()
+        finally:
+            stopping.set()
+            for sender in senders:
+                sender.join(300)
+
     with Traffic(endpoints, model="heavylift/tiny-llama", streams=STREAMS, max_tokens=TOKENS, pause=PAUSE) as load:
         time.sleep(5)  # every host answers before the rollout begins
         started = time.monotonic()
         with open(log_file, "w") as log:
             run = subprocess.Popen([PYINFRA, "-y", str(fleet["inventory"]), "deploy.py"], cwd=REPO_ROOT,
                                    stdout=log, stderr=subprocess.STDOUT)
-            # wave 1 switches host1's `current`, then stops its vLLM: long requests sent at the switch are in
-            # flight when the stop begins, and vLLM says when its drain begins
-            rollout_support.wait_until(lambda: os.readlink(link).rsplit("/", 1)[-1] != old_release or run.poll() is not None,
-                                       timeout=900, what="wave 1's switch on host1", step=0.01)
-            stopping = threading.Event()
-
-            def send_until_the_stop():  # one long request after another: one is always in flight
-                while not stopping.is_set():
-                    burst.append(load.complete("host1", max_tokens=BURST_TOKENS))
-
-            senders = [threading.Thread(target=send_until_the_stop) for _ in range(BURST)]
-            for sender in senders:
-                sender.start()
-            rollout_support.wait_until(
-                lambda: drain_logged() or run.poll() is not None,
-                timeout=900, what="host1's vLLM stop", step=0.01)
-            drain_began.append(time.monotonic())
-            stopping.set()
-            for sender in senders:
-                sender.join(300)
-            run.wait(timeout=1500)
+            try:
+                drain_began.append(send_until_host1_drains(run))
+                run.wait(timeout=1500)
+            finally:  # a run that outlives the test would hold the hosts' locks for the tests after it
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()
+                    print(f"\nthe rollout under traffic did not end; its last lines:\n{log_file.read_text()[-3000:]}")
         rollout = PyinfraRun(run.returncode, log_file.read_text())
         rollout_seconds = time.monotonic() - started
         time.sleep(5)  # and after it ends
