@@ -75,8 +75,10 @@ def display_path(path: str | Path, cwd: str | Path | None = None) -> str:
             return str(absolute)
 
 
-# a name that says its value is a secret (--api-key, HF_TOKEN, db_password): its value is never shown
-SECRET_NAME = re.compile(r"key|token|secret|passw", re.IGNORECASE)
+# a name that says its value is a secret (--api-key, HF_TOKEN, db_password): its value is never shown. "token"
+# as a word of its own only: a count of tokens (benchmark_tokens, --max-num-batched-tokens) or a --tokenizer is
+# no secret, and hiding it hid the value a message was about
+SECRET_NAME = re.compile(r"key|token(?![a-z])|secret|passw", re.IGNORECASE)
 HIDDEN = "<hidden>"
 
 

@@ -28,6 +28,7 @@ from resolve.layout import Layout
 from resolve.weights import human_bytes
 
 from . import hostpython, nodegroup
+from .runstate import handler_of
 from .readiness import startup_text
 
 
@@ -210,11 +211,7 @@ class StatusDocuments(BaseStateCallback):
 
 def documents_of(state) -> StatusDocuments:
     """The run's StatusDocuments, added to ``state``'s callback handlers the first time it is asked for."""
-    documents = next((h for h in state.callback_handlers if isinstance(h, StatusDocuments)), None)
-    if documents is None:
-        documents = StatusDocuments()
-        state.add_callback_handler(documents)
-    return documents
+    return handler_of(state, StatusDocuments)
 
 
 def document_collected(host, found: dict, plan: StatusPlan) -> None:

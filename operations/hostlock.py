@@ -39,6 +39,7 @@ from pyinfra.context import ContextObject
 from models.errors import HeavyliftConfigError
 
 from . import factbatch, hostpython
+from .runstate import handler_of
 
 LOCKED = 75  # EX_TEMPFAIL
 
@@ -115,11 +116,7 @@ class _ReleaseOnFailure(BaseStateCallback):
 
 def _held(state) -> dict[str, str]:
     """host name -> lock path of the locks this run holds (taken as it started or before its first change)."""
-    handler = next((h for h in state.callback_handlers if isinstance(h, _ReleaseOnFailure)), None)
-    if handler is None:
-        handler = _ReleaseOnFailure()
-        state.add_callback_handler(handler)
-    return handler.paths
+    return handler_of(state, _ReleaseOnFailure).paths
 
 
 def hold(host, state, path: str, dry: bool = False) -> str:

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pyinfra import logger
 from pyinfra.api import BaseStateCallback
 
+from .runstate import handler_of
+
 # how often a waiting node looks at the board; a gevent-friendly sleep (pyinfra's CLI patches time.sleep)
 POLL_SECONDS = 0.2
 
@@ -157,11 +159,7 @@ class GroupBoard(BaseStateCallback):
 
 
 def board_of(state) -> GroupBoard:
-    board = next((h for h in state.callback_handlers if isinstance(h, GroupBoard)), None)
-    if board is None:
-        board = GroupBoard()
-        state.add_callback_handler(board)
-    return board
+    return handler_of(state, GroupBoard)
 
 
 # --- status.py: a group judged as one instance ---------------------------------------------------------------

@@ -33,6 +33,7 @@ from pyinfra.context import host as current_host, state as current_state
 from resolve.waves import WavePlan, plan_waves
 
 from . import fleet, readiness
+from .runstate import handler_of
 from .service import changed_in_this_run
 
 SUMMARY_NAME = "rollout summary (which hosts run what)"
@@ -94,12 +95,8 @@ def excused(host, state, plan: WavePlan, why: str) -> None:
 
 
 def rollout_of(state, plan: WavePlan) -> _Rollout:
-    handler = next((h for h in state.callback_handlers if isinstance(h, _Rollout)), None)
-    if handler is None:
-        handler = _Rollout(plan)
-        state.add_callback_handler(handler)
-        logger.info(f"--> Rolling out in {plan.describe()}")
-    return handler
+    return handler_of(state, _Rollout, make=lambda: _Rollout(plan),
+                      added=lambda _: logger.info(f"--> Rolling out in {plan.describe()}"))
 
 
 def rolling(host, state, plan: WavePlan):

@@ -124,6 +124,11 @@ def test_a_value_is_shown_short_with_its_kind():
     ("env", {"HF_TOKEN": [SECRET]}, {"HF_TOKEN": HIDDEN}),
     # an argument and its value written as one item
     ("extra_args", ["--api-key " + SECRET, "--port=1"], ["--api-key " + HIDDEN, "--port=1"]),
+    # a count of tokens, or the tokenizer, is no secret: its value is what the message is about
+    ("benchmark_tokens", 5000000, 5000000),
+    ("extra_args", ["--max-num-batched-tokens", "8192", "--tokenizer", "org/tok"],
+     ["--max-num-batched-tokens", "8192", "--tokenizer", "org/tok"]),
+    ("env", {"HF_TOKEN_PATH": "/p", "MAX_TOKENS": "9"}, {"HF_TOKEN_PATH": HIDDEN, "MAX_TOKENS": "9"}),
 ], ids=lambda value: str(value)[:30])
 def test_a_secret_is_never_shown(name, value, shown):
     assert redacted(name, value) == shown
