@@ -537,10 +537,11 @@ class TestHost:
                 except FileNotFoundError:  # it is gone already
                     pass
 
-    def stop(self, grace: float = 5, remove: bool = True) -> None:
+    def stop(self, grace: float = 5, remove: bool | Literal["later"] = True) -> None:
         """
         Kill every process of the host (SIGTERM, SIGKILL after `grace` seconds), let its
-        mounts go, remove its files. Idempotent.
+        mounts go, remove its files (``"later"``: moved aside now and removed in the background,
+        ``wait_for_removals`` waits for them). Idempotent.
         """
         self.adopt_unseen_sshd()
         self.kill_unbooted_launcher()
@@ -553,8 +554,36 @@ class TestHost:
                 self._launcher.wait()
         self.release_namespace()
         self.namespace = None
-        if remove and self.dir.exists():
+        if remove == "later" and self.dir.exists():
+            remove_later(self.dir)
+        elif remove and self.dir.exists():
             shutil.rmtree(self.dir)
+
+
+# a stopped host's folder holds a 3.5 GB vLLM venv and its weights: tens of thousands of files, 10-20 s to
+# remove. A test run need not wait for that before its next module: removed side by side with it
+_REMOVALS: list[subprocess.Popen] = []
+
+
+def remove_later(folder: Path) -> None:
+    """Move ``folder`` aside at once (a name no host or bed uses) and remove it in the background."""
+    aside = folder.with_name(f".removing-{folder.name}-{os.getpid()}-{time.monotonic_ns()}")
+    folder.rename(aside)
+    _REMOVALS.append(subprocess.Popen(["rm", "-rf", "--one-file-system", str(aside)]))
+
+
+def wait_for_removals() -> None:
+    """Wait for every background removal; the first that failed raises, naming its folder."""
+    failed = []
+    while _REMOVALS:
+        removal = _REMOVALS.pop()
+        if removal.wait() != 0:
+            failed.append(removal.args[-1])
+    if failed:
+        raise RuntimeError(f"rm -rf failed for {failed}")
+
+
+atexit.register(wait_for_removals)
 
 
 def _comm(pid: int) -> str:
@@ -684,7 +713,7 @@ class TestBed:
         if unknown:
             raise ValueError(f"{what} names hosts this test bed doesn't have: {unknown}")
 
-    def stop(self, grace: float = 5) -> None:
+    def stop(self, grace: float = 5, remove: bool | Literal["later"] = True) -> None:
         """Stop every host (see TestHost.stop). Idempotent; safe after a failed start."""
         errors = []
         for host in self.hosts.values():  # let all hosts wind down side by side
@@ -694,7 +723,7 @@ class TestBed:
                 errors.append(error)
         for host in self.hosts.values():
             try:
-                host.stop(grace)
+                host.stop(grace, remove=remove)
             except Exception as error:  # stop the others anyway
                 errors.append(error)
         if self.network is not None:

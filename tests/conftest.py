@@ -3,13 +3,14 @@ import os
 import pytest
 
 # --- SSH test hosts (testbed.ssh_hosts) -----------------------------------------------------
-from testbed.ssh_hosts import TestBed
+from testbed.ssh_hosts import TestBed, wait_for_removals
 
 
 @pytest.fixture(scope="module")
 def testbed_factory(tmp_path_factory):
     """make(names) -> a started TestBed in a fresh temporary directory; all stopped when the module ends
-    (a module's vLLM must not keep ~3 GB and its share of two cores through the rest of the run)."""
+    (a module's vLLM must not keep ~3 GB and its share of two cores through the rest of the run). Their
+    folders are removed in the background while the next module runs (``pytest_sessionfinish`` waits)."""
     beds: list[TestBed] = []
 
     def make(names=("host1", "host2")) -> TestBed:
@@ -24,7 +25,7 @@ def testbed_factory(tmp_path_factory):
     errors = []
     for bed in reversed(beds):
         try:
-            bed.stop()
+            bed.stop(remove="later")
         except Exception as error:  # stop the other beds anyway
             errors.append(error)
     if errors:
@@ -200,6 +201,10 @@ _FILE_SECONDS: dict[str, float] = {}
 def pytest_runtest_logreport(report):
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    wait_for_removals()  # the stopped test hosts' folders (testbed_factory)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -149,6 +149,20 @@ def test_stopped_hosts_leave_no_mounts_behind(testbed_factory):
     assert not any(overlay in mounts for mounts in mount_tables_on_the_machine())
 
 
+def test_a_folder_removed_later_is_gone_from_its_place_at_once_and_from_the_disk_after_the_wait(testbed_factory):
+    bed = testbed_factory(["later"])
+    host = bed["later"]
+    host.run("mkdir -p /opt/many && for i in $(seq 200); do echo $i > /opt/many/$i; done")
+
+    bed.stop(remove="later")
+
+    assert not host.dir.exists() and host.processes() == []  # the name is free at once
+    ssh_hosts.wait_for_removals()
+    assert list(host.dir.parent.glob(".removing-*")) == []  # and the files are gone once waited for
+    bed.start(["later"])  # a host of the same name starts in the same folder
+    assert bed["later"].run("test -e /opt/many").returncode != 0
+
+
 def wait_for(condition, timeout: float = 10) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
