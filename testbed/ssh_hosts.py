@@ -34,6 +34,7 @@ import argparse
 import atexit
 import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -183,7 +184,7 @@ hostname {name}
 
 # copy-on-write view of the machine's / : every write lands in $host_dir/upper
 mount -t overlay overlay -o "lowerdir=/,upperdir=$host_dir/upper,workdir=$host_dir/work" "$root"
-mount --rbind /dev "$root/dev"
+{seed_mounts}mount --rbind /dev "$root/dev"
 # own /dev/shm, so shared-memory names of different hosts cannot collide
 mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t proc proc "$root/proc"
@@ -220,6 +221,8 @@ class TestHost:
     address: str = LOOPBACK  # where its sshd listens
     netns_path: str | None = None  # its own network namespace (bridge beds), else the machine's
     control_netns_path: str | None = None  # where the control side reaches it from
+    # (host path, folder): the host starts with the folder's files at that path (``seed_mounts``)
+    seeds: tuple[tuple[str, str], ...] = ()
     pid: int = 0  # the host's sshd (listener); its namespaces and root are the host's
     launcher_pid: int = 0  # `unshare`, waiting for the sshd
     namespace: tuple[int, int] | None = None  # (dev, inode) of its mount namespace
@@ -362,6 +365,7 @@ class TestHost:
         (self.dir / "boot.sh").write_text(
             BOOT_SCRIPT.format(
                 host_dir=shlex.quote(str(self.dir)),
+                seed_mounts=seed_mounts(self.seeds),
                 name=shlex.quote(self.name),
                 sshd=shlex.quote(SSHD),
             ),
@@ -560,6 +564,23 @@ class TestHost:
             shutil.rmtree(self.dir)
 
 
+def seed_mounts(seeds) -> str:
+    """The boot script's lines that give the host each seed's files at its host path, copy-on-write: an overlay of
+    its own there, the folder its read-only lower layer, the host's writes in ``$host_dir/seeds/N``. (One more
+    lower layer of the root's overlay would be simpler, but overlayfs refuses a layer inside another: the machine's
+    / holds every folder.)"""
+    lines = []
+    for number, (host_path, folder) in enumerate(seeds):
+        folder = Path(folder).resolve()
+        if not posixpath.isabs(host_path) or not folder.is_dir() or any(c in str(folder) for c in ",:\\"):
+            raise ValueError(f"a seed is (absolute host path, existing folder without ',' ':' '\\'): {(host_path, str(folder))}")
+        work = f'"$host_dir/seeds/{number}"'
+        target = '"$root"' + shlex.quote(posixpath.normpath(host_path))
+        options = shlex.quote(f"lowerdir={folder},") + f'"upperdir=$host_dir/seeds/{number}/upper,workdir=$host_dir/seeds/{number}/work"'
+        lines += [f"mkdir -p {work}/upper {work}/work {target}", f"mount -t overlay overlay -o {options} {target}"]
+    return "".join(line + "\n" for line in lines)
+
+
 # a stopped host's folder holds a 3.5 GB vLLM venv and its weights: tens of thousands of files, 10-20 s to
 # remove. A test run need not wait for that before its next module: removed side by side with it
 _REMOVALS: list[subprocess.Popen] = []
@@ -611,8 +632,12 @@ class TestBed:
         names: Sequence[str] = ("host1", "host2"),
         start: bool = True,
         network: Literal["loopback", "bridge"] = "loopback",
+        seeds: dict[str, str | os.PathLike] | None = None,
     ):
+        """``seeds``: host path -> folder: every host starts with the folder's files there, copy-on-write (a venv
+        built once for every bed: tests/conftest.py ``venv_seed``)."""
         self.base_dir = Path(base_dir).resolve()
+        self.seeds = tuple((path, str(folder)) for path, folder in (seeds or {}).items())
         self.hosts: dict[str, TestHost] = {}
         if network not in ("loopback", "bridge"):
             raise ValueError(f"network is 'loopback' or 'bridge', not {network!r}")
@@ -640,10 +665,10 @@ class TestBed:
                     netns_path, address = self.network.add_host(name)
                     host = TestHost(
                         name=name, port=BRIDGE_SSH_PORT, dir=self.base_dir / name, address=address,
-                        netns_path=netns_path, control_netns_path=self.network.switch_path,
+                        netns_path=netns_path, control_netns_path=self.network.switch_path, seeds=self.seeds,
                     )
                 else:
-                    host = TestHost(name=name, port=find_free_port(), dir=self.base_dir / name)
+                    host = TestHost(name=name, port=find_free_port(), dir=self.base_dir / name, seeds=self.seeds)
                 self.hosts[name] = host
                 host.prepare()
                 host.launch()

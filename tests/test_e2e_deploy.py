@@ -43,10 +43,10 @@ def complete(port, prompt="Hello"):
 
 
 @pytest.fixture(scope="module")
-def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
+def site(testbed_factory, hub_mirror, warm_uv_cache, venv_seed, tmp_path_factory):
     """Two SSH test hosts, converged once by a real run; tests below share it."""
     assert not shutil.os.path.exists(ROOT), f"{ROOT} exists on this machine: the isolation check would prove nothing"
-    bed = testbed_factory(["host1", "host2"])
+    bed = testbed_factory(["host1", "host2"], seeds=venv_seed)
     inventory = tmp_path_factory.mktemp("site") / "site.py"
 
     def write(overrides_by_host=None):

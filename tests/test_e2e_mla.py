@@ -20,8 +20,9 @@ pytestmark = pytest.mark.e2e
 ROOT = "/opt/heavylift"
 
 
-def test_rule_strips_fp8_kv_cache_in_the_overlay_and_vllm_serves(testbed_factory, hub_mirror, warm_uv_cache, tmp_path):
-    bed = testbed_factory(["mla1"])
+def test_rule_strips_fp8_kv_cache_in_the_overlay_and_vllm_serves(testbed_factory, hub_mirror, warm_uv_cache,
+                                                                 venv_seed, tmp_path):
+    bed = testbed_factory(["mla1"], seeds=venv_seed)
     port = find_free_port()
     inventory = tmp_path / "mla.py"
     bed.write_inventory(inventory, host_data={"mla1": {

@@ -66,14 +66,14 @@ def node_state(host):
 
 
 @pytest.fixture(scope="module")
-def group(tmp_path_factory, hub_mirror, warm_uv_cache):
+def group(tmp_path_factory, hub_mirror, warm_uv_cache, venv_seed):
     base = tmp_path_factory.mktemp("multinode")
     # the control machine reaches the package index, the bridge does not: the build is resolved here once and
     # kept (resolve/plancache.py), as a site's control machine resolves it before it reaches air-gapped hosts
     vllm_build.resolve(VllmRuntime.model_validate(VLLM_CPU))
     # and so is the uv binary heavylift puts on each host (PyPI's uv wheel, cached on the control machine)
     runtime.local_uv_binary(SiteSettings.model_fields["uv_version"].default, platform.machine())
-    bed = TestBed(base / "bed", names=list(NAMES), network="bridge")
+    bed = TestBed(base / "bed", names=list(NAMES), network="bridge", seeds=venv_seed)
     mirror = None
     try:
         # a mirror of its own, in the switch namespace where the hosts and the control side reach it
@@ -110,7 +110,7 @@ def group(tmp_path_factory, hub_mirror, warm_uv_cache):
     finally:
         if mirror is not None:
             mirror.stop()
-        bed.stop()
+        bed.stop(remove="later")
 
 
 def test_a_first_run_serves_one_model_over_two_nodes(group):

@@ -48,8 +48,8 @@ def complete(key=API_KEY):
 
 
 @pytest.fixture(scope="module")
-def site(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
-    bed = testbed_factory(["host1"])
+def site(testbed_factory, hub_mirror, warm_uv_cache, venv_seed, tmp_path_factory):
+    bed = testbed_factory(["host1"], seeds=venv_seed)
     inventory = tmp_path_factory.mktemp("rollout") / "site.py"
 
     def write(**overrides):

@@ -59,9 +59,9 @@ def running_release(host):
 
 
 @pytest.fixture(scope="module")
-def fleet(testbed_factory, hub_mirror, warm_uv_cache, tmp_path_factory):
+def fleet(testbed_factory, hub_mirror, warm_uv_cache, venv_seed, tmp_path_factory):
     started = time.monotonic()
-    bed = testbed_factory(list(NAMES))
+    bed = testbed_factory(list(NAMES), seeds=venv_seed)
     inventory = tmp_path_factory.mktemp("waves") / "site.py"
 
     def write(extra_args=None, **site):

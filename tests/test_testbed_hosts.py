@@ -163,6 +163,27 @@ def test_a_folder_removed_later_is_gone_from_its_place_at_once_and_from_the_disk
     assert bed["later"].run("test -e /opt/many").returncode != 0
 
 
+def test_a_seed_is_in_every_hosts_root_and_no_host_writes_to_it(tmp_path):
+    seed = tmp_path / "seed"
+    (seed / "sub").mkdir(parents=True)
+    (seed / "sub" / "file").write_text("from the seed\n")
+    with TestBed(tmp_path / "bed", ["s1", "s2"], seeds={"/opt/seeded": seed}) as bed:
+        assert bed["s1"].run("cat /opt/seeded/sub/file").stdout == "from the seed\n"
+        bed["s1"].run("echo changed > /opt/seeded/sub/file && rm -rf /opt/seeded/sub && touch /opt/seeded/new")
+        assert bed["s2"].run("cat /opt/seeded/sub/file").stdout == "from the seed\n"  # the other host's view
+        assert bed["s1"].run("ls /opt/seeded").stdout == "new\n"
+        assert bed["s1"].run("stat -c %a /opt/seeded").stdout == "755\n"
+    assert sorted(p.name for p in seed.rglob("*")) == ["file", "sub"]  # the seed itself is untouched
+    assert (seed / "sub" / "file").read_text() == "from the seed\n"
+
+
+def test_a_seed_whose_path_overlay_cannot_take_is_refused(tmp_path):
+    odd = tmp_path / "a,b"
+    odd.mkdir()
+    with pytest.raises(ValueError, match="a seed is"):
+        TestBed(tmp_path / "bed", ["s1"], seeds={"/opt/x": odd})
+
+
 def wait_for(condition, timeout: float = 10) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
