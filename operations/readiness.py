@@ -174,8 +174,26 @@ def failure_text(url: str, result: dict, budget_seconds: float, log: str) -> str
         lead = "Errors in its log:\n" + "\n".join(f"  {line}" for line in dict.fromkeys(errors[-3:])) + "\n"
     return (
         f"vLLM at {url} is not ready ({result.get('error')}; waited {result.get('health_seconds', '?')} "
-        f"of {budget_seconds} s).\n{lead}Last lines of its log:\n{log}"
+        f"of {budget_seconds} s).\n{lead}{processes_text(result.get('processes'))}Last lines of its log:\n{log}"
     )
+
+
+def processes_text(processes) -> str:
+    """The probe's ``processes`` (readiness_probe.py ``process_tree``) as lines: what each process of the start was
+    doing when the gate gave up (state, CPU against age, where a sleeper waits)."""
+    if not processes:
+        return ""
+    lines = [
+        f"  pid {p['pid']} {p['name']}: {STATES.get(p['state'], p['state'])}, {p['cpu_seconds']:g} s of CPU in "
+        f"{p['age_seconds']:g} s" + (f", waiting in {p['waiting_in']}" if p.get("waiting_in") and p["state"] != "R" else "")
+        for p in processes
+    ]
+    return "Its processes when the gate gave up:\n" + "\n".join(lines) + "\n"
+
+
+# /proc/PID/stat's state letters (proc(5))
+STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped", "t": "stopped by a tracer",
+          "Z": "exited, not reaped"}
 
 
 def release_of(host, link):

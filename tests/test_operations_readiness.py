@@ -290,3 +290,20 @@ def test_serving_probe_look_reports_the_last_gates_figures_without_a_benchmark(l
     line = report_line({"deployment": "tiny"}, look, "http://h:1/v1")
     assert line.endswith("load 31.5 s ttft 0.06 s decode 512.0 tok/s (at the gate of 2026-12-01T10:00:00Z)")
     assert "ttft_seconds" not in other and "figures_at" not in other and "load_seconds" not in other
+
+
+def test_failure_text_of_a_start_that_hung_says_what_its_processes_were_doing():
+    hung = [{"pid": 10, "name": "python -m vllm.entrypoints.openai.api_server", "state": "S", "cpu_seconds": 14.0,
+             "age_seconds": 900.4, "waiting_in": "do_epoll_wait"},
+            {"pid": 11, "name": "VLLM::EngineCore", "state": "S", "cpu_seconds": 9.5, "age_seconds": 890.1,
+             "waiting_in": "pipe_read"},
+            {"pid": 12, "name": "VLLM::Worker", "state": "R", "cpu_seconds": 880.0, "age_seconds": 889.9,
+             "waiting_in": "0"}]
+    text = readiness.failure_text(URL, {"error": "timed out", "health_seconds": 900.5, "processes": hung}, 900, "INFO x")
+    head, _, _ = text.partition("Last lines of its log:\n")
+    assert head.splitlines()[1:] == [
+        "Its processes when the gate gave up:",
+        "  pid 10 python -m vllm.entrypoints.openai.api_server: sleeping, 14 s of CPU in 900.4 s, waiting in do_epoll_wait",
+        "  pid 11 VLLM::EngineCore: sleeping, 9.5 s of CPU in 890.1 s, waiting in pipe_read",
+        "  pid 12 VLLM::Worker: running, 880 s of CPU in 889.9 s",
+    ]

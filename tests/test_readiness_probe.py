@@ -169,3 +169,34 @@ def test_wait_health_fails_at_once_when_the_units_main_process_is_gone():
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run([sys.executable, str(PROBE_SCRIPT), "wait-health", "http://127.0.0.1:9"],
                        env={"MAINPID": str(os.getpid())}, capture_output=True, timeout=3)
+
+
+def test_the_process_tree_of_a_start_says_what_each_process_does():
+    """A stand-in start: a shell whose child spins and whose other child sleeps, as a hung worker and its idle
+    engine would. The tree lists all three, each with its state, CPU against age, and where a sleeper waits."""
+    import subprocess
+
+    start = subprocess.Popen(["bash", "-c", "(while :; do :; done) & sleep 60 & wait"])
+    try:
+        def tree():
+            found = probe.process_tree(start.pid)
+            return found if len(found) == 3 and any(p["cpu_seconds"] >= 0.3 for p in found) else None
+        deadline = time.monotonic() + 20
+        while (found := tree()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert found, probe.process_tree(start.pid)
+        assert found[0]["pid"] == start.pid and found[0]["state"] == "S"
+        spinner = max(found, key=lambda p: p["cpu_seconds"])
+        sleeper = next(p for p in found if p["name"].startswith("sleep"))
+        assert spinner["state"] == "R" and spinner["cpu_seconds"] <= spinner["age_seconds"] + 0.5
+        assert sleeper["state"] == "S" and sleeper["cpu_seconds"] < 0.2 and sleeper["waiting_in"]
+        text = readiness.processes_text(found)
+        assert text.startswith("Its processes when the gate gave up:\n")
+        assert f"  pid {sleeper['pid']} sleep: sleeping, " in text and f"waiting in {sleeper['waiting_in']}" in text
+        assert f"  pid {spinner['pid']} bash: running, " in text
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(start.pid)])
+        start.kill()
+        start.wait()
+    assert probe.process_tree(start.pid) == []  # gone: nothing to show
+    assert readiness.processes_text([]) == ""

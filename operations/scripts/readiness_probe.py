@@ -456,6 +456,62 @@ def read_log(source, limit=16 << 20):
     return ""
 
 
+def process_tree(root):
+    """The service's processes when a start did not come up: ``root`` and its descendants, each {"pid", "name",
+    "state" (R running, S sleeping, D in I/O...), "cpu_seconds", "age_seconds", "waiting_in" (the kernel function
+    a sleeper waits in)}. A start that hangs shows which process: a worker spinning (CPU near its age) or every
+    process asleep (a deadlock, or one waiting on a peer that is gone). Standard library and /proc only."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+    except (OSError, ValueError):
+        return []
+    stats, parents = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        stats[int(entry)] = fields
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        if pid in stats and pid not in tree:
+            tree.append(pid)
+            todo += sorted(parents.get(pid, []))
+    found = []
+    for pid in tree:
+        fields = stats[pid]
+        found.append({
+            "pid": pid, "name": process_name(pid), "state": fields[0],
+            # utime, stime and starttime are fields 14, 15 and 22 of /proc/PID/stat (proc(5)); here from the state on
+            "cpu_seconds": round((int(fields[11]) + int(fields[12])) / tick, 1),
+            "age_seconds": round(uptime - int(fields[19]) / tick, 1),
+            "waiting_in": read_text(f"/proc/{pid}/wchan").strip() or None,
+        })
+    return found
+
+
+def process_name(pid):
+    """vLLM's own title (``VLLM::EngineCore``, ``VLLM::Worker_TP1``), else the command and its first arguments."""
+    argv = read_text(f"/proc/{pid}/cmdline").split("\0")
+    first = argv[0] if argv and argv[0] else read_text(f"/proc/{pid}/comm").strip()
+    return (" ".join(argv[:3]) if "python" in first.rsplit("/", 1)[-1] else first)[:100] or "?"
+
+
+def read_text(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def probe(args):
     started = time.monotonic()
     result = {"healthy": False, "completion": None, "error": None}
@@ -472,6 +528,8 @@ def probe(args):
     healthy_at = time.time()
     result["health_seconds"] = round(time.monotonic() - started, 1)
     pid = main_pid(args.pid_source)
+    if not result["healthy"] and pid:  # which process of the start is where, when the gate gives up on it
+        result["processes"] = process_tree(pid)
     began = started_at(pid) if pid else None
     release = running_release(pid) if pid else None
     if release:  # what really runs, over what the run meant to start
