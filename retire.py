@@ -6,7 +6,8 @@
 Stops and disables the service (systemd, or the start-stop-daemon fallback), removes its unit,
 the deployment's folder (releases, overlay, launcher, private secrets, status, logs) and the
 venvs and snapshots only this deployment used; keeps every venv and snapshot another
-deployment on the host uses. Takes the host lock like a deploy. The deployment is read from the
+deployment on the host uses. On a site's source host, the last deployment takes the site source's
+server with it. Takes the host lock like a deploy. The deployment is read from the
 host's own folders, so a deployment the site no longer names can be retired too; a deployment
 the site still names on that host comes back with the next ``deploy.py`` run: remove it from the
 site as well.

@@ -69,9 +69,13 @@ def retired(plan: RetirePlan, user: str, grace_seconds: int = 60):
         yield from running.retire_stop
     # no rank left behind: the deployment's processes that outlived the stop, and their /dev/shm segments
     yield running.reap
+    if plan.site_source:  # the host's last deployment goes: the site source's server with it, before its files
+        yield from supervisor.site_source_stop(plan.layout.site_source, plan.site_source.get("manager"))
     for path, _ in plan.remove:
         if path.endswith(".manifest.*"):  # the files beside a snapshot: a glob, outside the quotes
             yield StringCommand("rm", "-rf", StringCommand(QuoteString(path[: -len(".manifest.*")]), ".manifest.*", _separator=""))
         else:
             yield StringCommand("rm", "-rf", QuoteString(path))
     yield from running.after_removal
+    if plan.site_source and plan.site_source.get("manager") == SYSTEMD and running.manager != SYSTEMD:
+        yield StringCommand("systemctl", "daemon-reload", "2>/dev/null", "||", "true")

@@ -359,7 +359,7 @@ def _start(launcher: str, env_file: str, pidfile: str, logfile: str, user: str |
     )
 
 
-def _stop(pidfile: str, grace_seconds: int):
+def daemon_stop(pidfile: str, grace_seconds: int):
     # TERM lets vLLM drain and stop its engine processes; KILL only after the grace period
     return StringCommand(
         "start-stop-daemon", "--stop", "--oknodo", "--remove-pidfile", "--pidfile", QuoteString(pidfile),
@@ -372,7 +372,7 @@ def daemon_restart(launcher: str, env_file: str, pidfile: str, logfile: str, rea
     """Stop (TERM, then KILL after the grace), end what the old process left (``reap``: ``processes_ended``),
     start."""
     return [
-        _stop(pidfile, grace_seconds),
+        daemon_stop(pidfile, grace_seconds),
         *reap,
         StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(pidfile))),
         _start(launcher, env_file, pidfile, logfile, user, home),
@@ -401,7 +401,7 @@ def daemon(launcher: str, env_file: str, pidfile: str, logfile: str, dependencie
     """
     is_running = host.get_fact(DaemonRunning, pidfile=pidfile)
     # start-stop-daemon stops only the API server: an engine core or rank that outlives it is ended after
-    stopped = [_stop(pidfile, grace_seconds)]
+    stopped = [daemon_stop(pidfile, grace_seconds)]
     if user and releases_dir:
         stopped.append(processes_ended(releases_dir, user, f"pidfile:{pidfile}"))
     if not running:

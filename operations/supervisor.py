@@ -126,6 +126,17 @@ def of(layout, manager: str, user: str, stop_grace: int) -> Supervisor:
     )
 
 
+def site_source_stop(paths, manager: str) -> tuple:
+    """The site source's server (``paths``: resolve/layout.py ``SiteSourceLayout``) stopped for good, under the
+    supervisor the host's state says it runs under: retire.py, with the host's last deployment. systemd forgets its
+    unit after the unit file goes (``after_removal`` of the deployment's own supervisor reloads)."""
+    if manager == SYSTEMD:
+        unit = QuoteString(paths.unit_name)
+        return (StringCommand("systemctl", "disable", "--now", unit, "2>/dev/null", "||", "true"),
+                StringCommand("systemctl", "reset-failed", unit, "2>/dev/null", "||", "true"))
+    return (service.daemon_stop(paths.pidfile, 10),)
+
+
 @operation()
 def restarted(commands: tuple, dependencies: list[OperationMeta], why: str = ""):
     """

@@ -209,6 +209,9 @@ class Layout:
             "previous": each.previous, "launcher": each.launcher, "active_venv": each.active_venv,
             "status": each.status_file, "pidfile": each.pidfile, "logfile": each.logfile, "unit": each.unit_path,
             "unit_name": each.unit_name,
+            "site_source_launcher": self.site_source.launcher, "site_source_unit": self.site_source.unit_path,
+            "site_source_unit_name": self.site_source.unit_name, "site_source_pidfile": self.site_source.pidfile,
+            "site_source_logfile": self.site_source.logfile,
         }
 
 

@@ -28,9 +28,14 @@ class RetirePlan:
     keep: list[tuple[str, str]] = field(default_factory=list)  # (path, why it stays)
     freed_bytes: int = 0
     user: str | None = None  # the service user its vLLM ran as (its processes end with the service)
+    # the site source's server, as the host's state has it, when it goes with this, the host's last deployment
+    site_source: dict | None = None
 
     def lines(self) -> list[str]:
         lines = [f"retire {self.deployment}: stop the service ({self.service.get('manager')}, now {self.service.get('state')})"]
+        if self.site_source:
+            lines.append(f"retire {self.deployment}: stop the site source ({self.site_source.get('manager')}, now "
+                         f"{self.site_source.get('state')}): no deployment is left on this host")
         lines += [f"retire {self.deployment}: remove {path} ({what})" for path, what in self.remove]
         lines += [f"retire {self.deployment}: keep {path} ({why})" for path, why in self.keep]
         lines.append(f"retire {self.deployment}: frees about {human_bytes(self.freed_bytes)} of snapshots")
@@ -79,4 +84,15 @@ def plan_retire(state: dict, name: str, user: str | None = None) -> RetirePlan:
     service = dict(target["service"])
     if service.get("manager") == SYSTEMD:
         remove.append((layout.unit_path, "systemd unit"))
-    return RetirePlan(name, folder, service, layout, remove, keep, freed, user)
+    # the host is its site's source (operations/sitesource.py): its server serves the host's snapshots to the other
+    # hosts while a deployment is here; with the last one gone it would serve what is left, forever. A deploy that
+    # needs it again starts it again
+    site_source, staying = state.get("site_source"), sorted(set(state["deployments"]) - {name})
+    if site_source and staying:
+        keep.append((layout.site_source.folder, f"the site source's server: deployment {staying[0]} is still here"))
+        site_source = None
+    elif site_source:
+        remove.append((layout.site_source.folder, "the site source's server: launcher, token, log"))
+        if site_source.get("manager") == SYSTEMD:
+            remove.append((layout.site_source.unit_path, "the site source's systemd unit"))
+    return RetirePlan(name, folder, service, layout, remove, keep, freed, user, site_source or None)

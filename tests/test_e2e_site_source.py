@@ -211,3 +211,35 @@ def test_c_a_half_fetched_snapshot_on_the_source_is_never_served(site):
     assert "removed 1 partial files no run can resume" in healed.output
     for name in ("src1", "peer1", "peer2"):
         assert_host_matches_upstream(site, name)
+
+
+def test_d_retiring_the_source_hosts_last_deployment_stops_its_server(site):
+    """retire.py on src1, whose only deployment is tiny-llama: the site source's server goes with it (stopped, its
+    folder gone, its port closed); --dry says so first and changes nothing. The peers keep their copies."""
+    from testbed.ssh_hosts import process_is_gone
+
+    src1 = site["bed"]["src1"]
+    pid = int(src1.run(["head", "-n", "1", f"{ROOT}/site-source/run/serve.pid"], check=True).stdout)
+    said = "[src1] retire tiny-llama: stop the site source (fallback, now active): no deployment is left on this host"
+
+    dry = run_pyinfra(site["inventory"], "--limit", "src1", "--data", "retire=tiny-llama", "--dry", deploy="retire.py")
+    assert dry.returncode == 0 and said in dry.output, dry.output[-3000:]
+    assert f"[src1] retire tiny-llama: remove {ROOT}/site-source (the site source's server: launcher, token, log)" \
+        in dry.output, dry.output[-3000:]
+    assert not process_is_gone(pid)
+
+    gone = run_pyinfra(site["inventory"], "--limit", "src1", "--data", "retire=tiny-llama", deploy="retire.py")
+    assert gone.returncode == 0 and said in gone.output, gone.output[-3000:]
+    assert process_is_gone(pid)
+    assert src1.run(f"test -e {ROOT}/site-source").returncode != 0
+    assert src1.run(f"test -e {ROOT}/deployments/tiny-llama").returncode != 0
+    assert port_refuses(site["port"])
+    assert_host_matches_upstream(site, "peer1")  # the copies stay where they were made
+
+
+def port_refuses(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(3)
+        return probe.connect_ex(("127.0.0.1", port)) != 0

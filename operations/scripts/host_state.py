@@ -35,7 +35,8 @@ class Paths:
     def __call__(self, key, **values):
         path = self.given[key]
         for placeholder, value in values.items():
-            path = path.replace("{" + placeholder + "}", value)
+            if value is not None:
+                path = path.replace("{" + placeholder + "}", value)
         return path
 
 
@@ -175,12 +176,13 @@ def last_error(text):
     return None
 
 
-def service_state(paths, name, systemd):
-    """manager, state (active, starting, restarting, failed, stopped, absent), pid, last error line.
+def service_state(paths, name, systemd, prefix=""):
+    """manager, state (active, starting, restarting, failed, stopped, absent), pid, last error line. ``prefix``:
+    "site_source_" for the site source's server (its paths, no deployment name in them).
 
     The supervisor is read back, not chosen: planning chose it when the deployment was deployed
     (resolve/supervisor.py), and a deploy writes the unit file only where it chose systemd."""
-    unit, unit_path = paths("unit_name", name=name), paths("unit", name=name)
+    unit, unit_path = paths(prefix + "unit_name", name=name), paths(prefix + "unit", name=name)
     if systemd and os.path.exists(unit_path):
         shown = run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
                      "-p", "NRestarts", "-p", "Result", "-p", "UnitFileState", unit]) or ""
@@ -204,7 +206,7 @@ def service_state(paths, name, systemd):
     if os.path.exists(unit_path):  # a unit, but no systemd running it now
         return {"manager": "systemd", "unit": unit, "state": "stopped", "detail": "systemd is not running",
                 "pid": None, "last_error": None}
-    pidfile = paths("pidfile", name=name)
+    pidfile = paths(prefix + "pidfile", name=name)
     text = read(pidfile)
     if text is None:
         return {"manager": "fallback", "state": "stopped", "detail": "no pidfile", "pid": None, "last_error": None}
@@ -213,7 +215,7 @@ def service_state(paths, name, systemd):
     except (ValueError, IndexError):
         pid = None
     running = pid is not None and alive(pid)
-    log = read(paths("logfile", name=name), limit=256_000)
+    log = read(paths(prefix + "logfile", name=name), limit=256_000)
     return {"manager": "fallback", "state": "active" if running else "failed",
             "detail": f"pid {pid} running" if running else f"pid {pid} in {pidfile} is gone; nothing restarts it",
             "pid": pid, "last_error": None if running else last_error(log)}
@@ -357,6 +359,10 @@ def main(paths, light=False):
         "snapshots": snapshots(paths),
         "venvs": venvs,
         "deployments": {name: deployment(paths, name, systemd, gpu_apps, light) for name in names},
+        # the site source's server, where this host is a site's source (its launcher is there): retire.py stops it
+        # with the host's last deployment
+        "site_source": service_state(paths, None, systemd, prefix="site_source_")
+        if os.path.exists(paths("site_source_launcher")) else None,
     }
 
 
