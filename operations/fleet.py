@@ -113,6 +113,11 @@ def host_lines(state: dict, host_name: str, expected: str | None = None) -> list
         lines += deployment_lines(name, deployment, host_name)
     if expected and expected not in state["deployments"]:
         lines.append(f"{expected}: in the site but not deployed on this host")
+    source = state.get("site_source")
+    if source:  # this host serves its site's snapshots to the other hosts (operations/sitesource.py)
+        detail = f"pid {source['pid']}" if source["state"] == "active" and source.get("pid") else source.get("detail")
+        error = f"; last error: {source['last_error']}" if source.get("last_error") else ""
+        lines.append(f"site source: {source['state']} ({source['manager']}, {detail}){error}")
     disk = state["disk"]
     snapshots = state["snapshots"]
     venvs = [v for v in state["venvs"] if v["complete"]]

@@ -188,3 +188,24 @@ def test_a_group_node_says_its_rank_and_leader_from_the_launcher_current_names(t
         "--max-model-len 256", "--max-model-len 256 \\\n    --pipeline-parallel-size 2 --nnodes 2 \\\n"
         "    --node-rank 1 --master-addr 10.200.0.11 --master-port 29501 \\\n    --headless"))
     assert host_state(two_moves)["deployments"]["tiny"]["node"] == {"rank": 1, "nnodes": 2, "leader": "10.200.0.11:29501"}
+
+
+def test_status_says_whether_the_hosts_site_source_serves(two_moves):
+    """A site's source host: status.py's lines say its server's state, a dead one with its last error line; a
+    host that is no source says nothing of one."""
+    assert not any(line.startswith("site source") for line in fleet.host_lines(host_state(two_moves), "h"))
+    source = Layout.of_host(str(two_moves)).site_source
+    Path(source.pidfile).parent.mkdir(parents=True)
+    Path(source.launcher).write_text("#!/bin/sh\n")
+    server = subprocess.Popen(["sleep", "60"])
+    try:
+        Path(source.pidfile).write_text(f"{server.pid}\n")
+        lines = fleet.host_lines(host_state(two_moves), "h")
+        assert f"site source: active (fallback, pid {server.pid})" in lines
+    finally:
+        server.kill()
+        server.wait()
+    Path(source.logfile).write_text("serving\nOSError: [Errno 98] Address already in use\n")
+    lines = fleet.host_lines(host_state(two_moves), "h")
+    assert (f"site source: failed (fallback, pid {server.pid} in {source.pidfile} is gone; nothing restarts it); "
+            "last error: OSError: [Errno 98] Address already in use") in lines
