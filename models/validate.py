@@ -595,6 +595,31 @@ def load_deployment(
     return deployments[host.name]
 
 
+def operator_settings(host: Host, keys: Collection[str]) -> dict[str, Any]:
+    """The site fields an operator command (status.py, retire.py) reads from ``host``'s data (its root, its service
+    user), each validated as deploy.py validates it and defaulted where unset. A bad one is refused naming its file
+    and field, before the command reads or changes anything. The rest of the site is not validated: these commands
+    work from what the host has, also a deployment the site no longer names or whose model left the catalog."""
+    sources = _sources_of_this_run()
+    values, problems = {}, []
+    for key in keys:
+        given = host.data.get(key)
+        if given is None:
+            values[key] = SiteSettings.model_fields[key].default
+            continue
+        try:
+            checked = SiteSettings.__pydantic_validator__.validate_assignment(SiteSettings.model_construct(), key, given)
+        except ValidationError as err:
+            origin = origin_of(host, key, sources)
+            problems += [_prefix(host, origin) + explain_error(error, SiteSettings, {**schema_hints(), **SITE_HINTS})
+                         for error in err.errors()]
+            continue
+        values[key] = getattr(checked, key)
+    if problems:
+        raise combine(problems)
+    return values
+
+
 def validated_deployments(host: Host) -> dict[str, Deployment]:
     """Every active host's Deployment in this run, by host name: what ``load_deployment`` validated
     together (the fleet-wide checks, such as the waves of resolve/waves.py, read it)."""

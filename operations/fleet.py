@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pyinfra import logger
 from pyinfra.api import BaseStateCallback, FactBase, QuoteString, StringCommand
 
+from models.validate import operator_settings
 from resolve.address import url_host
 from resolve.layout import Layout
 from resolve.weights import human_bytes
@@ -187,7 +188,7 @@ def status_planned(host) -> StatusPlan:
     """This host's StatusPlan. The host's own folders decide which deployments it has; the site's data only
     names the root, the deployment it expects there (``deployment``, else ``model``) and ``json``."""
     return StatusPlan(
-        layout=Layout.of_host(host.data.get("root")),
+        layout=Layout.of_host(operator_settings(host, ["root"])["root"]),
         expected=host.data.get("deployment") or host.data.get("model"),
         as_json=str(host.data.get("json", "")).lower() in ("1", "true", "yes"),
     )

@@ -10,7 +10,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from models.errors import HeavyliftConfigError
-from models.schema import SLUG, SiteSettings
+from models.schema import SLUG
+from models.validate import operator_settings
 from resolve.context import RunContext
 from resolve.layout import Layout
 from resolve.retire import RetirePlan, plan_retire
@@ -23,7 +24,9 @@ def planned() -> tuple[RetirePlan, RunContext]:
     """This host's retire plan (``--data retire=<deployment>``) and the run's context. A name that is not a
     deployment on the host is refused, naming what is there, before any host changes."""
     context = RunContext.of_pyinfra(state, host)
-    layout = Layout.of_host(host.data.get("root"))
+    # the two site fields retire reads, checked as deploy.py checks them; the rest of the site is not its business
+    settings = operator_settings(host, ["root", "service_user"])
+    layout = Layout.of_host(settings["root"])
     name = host.data.get("retire")
     if not name or not SLUG.match(str(name)):
         raise HeavyliftConfigError(
@@ -37,9 +40,8 @@ def planned() -> tuple[RetirePlan, RunContext]:
             f"{layout.deployments_dir}: {', '.join(found['deployments']) or 'none'}). Fix: name one of those, or leave "
             "this host out with --limit. No host was changed."
         )
-    # the account its vLLM ran as: the site's, else the schema's default (ranks of that user are ended with the service)
-    user = host.data.get("service_user") or SiteSettings.model_fields["service_user"].default
-    return plan_retire(found, name, user), context
+    # the account its vLLM ran as (ranks of that user are ended with the service)
+    return plan_retire(found, name, settings["service_user"]), context
 
 
 def reported(plan: RetirePlan) -> None:

@@ -346,6 +346,21 @@ CLI_CASES = [
         ("field 'port'",),
         deploy=VALIDATE_THEN_CHANGE,
     ),
+    # the operator commands check the few site fields they read as deploy.py does (models/validate.py
+    # operator_settings), before they read or change anything
+    Case(
+        "retire.py: a service user deploy.py refuses",
+        set_("service_user", "root"),
+        ("{inventory}, host '@local': field 'service_user': 'root' is not a user name other than root",),
+        deploy=f"import runpy\nrunpy.run_path({str(REPO / 'retire.py')!r}, run_name='__main__')\n",
+        data_args=("retire=tiny-llama",),
+    ),
+    Case(
+        "status.py: a root that is not absolute",
+        set_("root", "srv/heavylift"),
+        ("{inventory}, host '@local': field 'root': 'srv/heavylift' is not an absolute folder other than /",),
+        deploy=f"import runpy\nrunpy.run_path({str(REPO / 'status.py')!r}, run_name='__main__')\n",
+    ),
 ]
 
 

@@ -169,3 +169,24 @@ def test_a_host_without_json_collects_nothing():
     assert fleet.documents_of(state).hosts == {} and not fleet.documents_of(state).printing
     assert fleet.fleet_document(state) == {"hosts": {}, "groups": []}
     assert nodegroup.board_of(state).groups == []
+
+
+@pytest.mark.parametrize("data, field, said", [
+    ({"root": "srv/heavylift"}, "root", "'srv/heavylift' is not an absolute folder other than /"),
+    ({"root": 5}, "root", "root"),
+])
+def test_a_root_deploy_py_would_refuse_is_refused_before_any_read(data, field, said):
+    """status.py reads the host's root from the site: checked as deploy.py checks it, the field named."""
+    from models.errors import HeavyliftConfigError
+
+    host = Inventory(([("a", {"model": "kimi", **data})], {})).get_host("a")
+    with pytest.raises(HeavyliftConfigError) as refused:
+        fleet.status_planned(host)
+    message = str(refused.value)
+    assert "host 'a'" in message and f"'{field}'" in message and said in message, message
+
+
+def test_the_rest_of_the_site_is_not_status_business():
+    """A site whose other fields deploy.py would refuse (an unknown model, a bad port) still gets its status."""
+    host = Inventory(([("a", {"model": "no-such-model", "port": "x", "root": "/srv/hl/"})], {})).get_host("a")
+    assert fleet.status_planned(host).layout == Layout.of_host("/srv/hl")
