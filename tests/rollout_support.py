@@ -243,6 +243,27 @@ def rank_segments(host, user: str = "heavylift") -> list[str]:
     return sorted(host.run(f"find /dev/shm -maxdepth 1 -user {user} -printf '%f\\n'").stdout.split())
 
 
+def run_killed_when(inventory: Path, condition, never: str, env: dict | None = None, timeout: float = 300) -> None:
+    """A real deploy.py run, frozen (SIGSTOP) the instant ``condition()`` holds, so no later command goes out, then
+    SIGKILLed: the state a control machine that dies at that point leaves. Fails the test with ``never`` when the run
+    ends, or ``timeout`` passes, first."""
+    import signal
+
+    killed = subprocess.Popen([PYINFRA, "-y", str(inventory), "deploy.py"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and killed.poll() is None:
+            if condition():
+                killed.send_signal(signal.SIGSTOP)
+                return
+            time.sleep(0.005)
+        raise AssertionError(never)
+    finally:
+        killed.kill()
+        killed.wait()
+
+
 def wait_until(condition, timeout: float, what: str, step: float = 0.5):
     """condition() until it returns something true; fails the test naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

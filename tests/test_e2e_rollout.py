@@ -118,30 +118,12 @@ def test_a_run_killed_between_the_switch_and_the_restart_is_converged_by_the_nex
     """A run dies (SIGKILL of pyinfra) right after `current` moved to a new release, before the
     restart: vLLM still runs the old release. The next run reads the release the process was
     started from (/proc/<pid>/cwd), restarts it onto `current`, and reports the release that runs."""
-    import os
-    import signal
-    import subprocess
-
-    from conftest import PYINFRA
-
     host = site["host"]
     old, pid = current_release(host), read_pid(host)
     site["write"](extra_args=["--max-num-seqs", "4"])  # a new release: the launcher's arguments change
     current_link = host.view(f"{DEPLOYMENT_DIR}/current")
-    killed = subprocess.Popen([PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **SECRET_ENV})
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and killed.poll() is None:
-            if os.readlink(current_link).rsplit("/", 1)[-1] != old:
-                killed.send_signal(signal.SIGSTOP)  # frozen at once: no later command goes out
-                break
-            time.sleep(0.005)
-        else:
-            pytest.fail("the run never switched `current`")
-    finally:
-        killed.kill()
-        killed.wait()
+    rollout_support.run_killed_when(site["inventory"], lambda: os.readlink(current_link).rsplit("/", 1)[-1] != old,
+                                    "the run never switched `current`", env=SECRET_ENV)
     new = current_release(host)
     assert new != old
     # the state the fault leaves: `current` names the new release, vLLM still runs the old one
@@ -174,31 +156,13 @@ def test_a_run_killed_after_writing_a_rotated_key_is_brought_into_effect_by_the_
     """A run rotating the API key dies (SIGKILL) right after it wrote the secrets file, before its restart: vLLM
     still runs with the old key, and the file is not part of the release. The next run sees the file written
     after vLLM started, restarts it, and the new key is the one that opens the API."""
-    import os
-    import signal
-    import subprocess
-
-    from conftest import PYINFRA
-
     host = site["host"]
     pid, release = read_pid(host), current_release(host)
     secrets = host.view(f"{DEPLOYMENT_DIR}/private/serve.env")
     written = secrets.stat().st_mtime_ns
     rotated = {**SECRET_ENV, "HEAVYLIFT_TEST_API_KEY": API_KEY_2}
-    killed = subprocess.Popen([PYINFRA, "-y", str(site["inventory"]), "deploy.py"], cwd=REPO_ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **rotated})
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and killed.poll() is None:
-            if secrets.stat().st_mtime_ns != written:
-                killed.send_signal(signal.SIGSTOP)  # frozen at once: no later command goes out
-                break
-            time.sleep(0.005)
-        else:
-            pytest.fail("the run never wrote the secrets file")
-    finally:
-        killed.kill()
-        killed.wait()
+    rollout_support.run_killed_when(site["inventory"], lambda: secrets.stat().st_mtime_ns != written,
+                                    "the run never wrote the secrets file", env=rotated)
     # the state the fault leaves: the new key on disk, vLLM still running with the old one
     assert read_pid(host) == pid, "the killed run got as far as the restart: nothing to converge"
     assert API_KEY_2 in secrets.read_text() and complete()["choices"][0]["text"] is not None
