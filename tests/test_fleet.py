@@ -209,3 +209,13 @@ def test_status_says_whether_the_hosts_site_source_serves(two_moves):
     lines = fleet.host_lines(host_state(two_moves), "h")
     assert (f"site source: failed (fallback, pid {server.pid} in {source.pidfile} is gone; nothing restarts it); "
             "last error: OSError: [Errno 98] Address already in use") in lines
+
+
+def test_host_state_of_a_relative_root_ends(tmp_path):
+    """A root that is not absolute (the entry points refuse one first) is read from /, not walked up for ever: the
+    script once spun at full CPU past its run's end."""
+    paths = json.dumps(Layout.of_host("no-such-folder/heavylift").host_state_paths())
+    done = subprocess.run([sys.executable, "-c", SCRIPT.read_text(), paths, "--light"], capture_output=True, text=True,
+                          timeout=30, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["disk"]["path"] == "/"

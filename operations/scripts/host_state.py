@@ -257,6 +257,9 @@ def gpus():
 
 
 def disk(path):
+    """The disk the root is on, or would be: the nearest folder of it that exists. A relative root (refused by the
+    entry points before they come here) is taken from /, never walked up to "" for ever."""
+    path = os.path.join("/", path)
     while not os.path.exists(path):
         path = os.path.dirname(path)
     info = os.statvfs(path)
