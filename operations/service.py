@@ -106,6 +106,10 @@ class DaemonRunning(FactBase):
         return output[0].strip() == "yes"
 
 
+# how much younger than the running process the secrets file must be to have been written after its start
+SECRETS_MARGIN_SECONDS = 1.0
+
+
 class RunningRelease(FactBase):
     """The release the running vLLM was started from: ``{"pid", "release"}``, or None when no process runs.
 
@@ -116,8 +120,11 @@ class RunningRelease(FactBase):
     The process is systemd's MainPID of the unit (``systemd:UNIT``) or the pidfile's (``pidfile:PATH``).
 
     With ``secrets`` (the service's environment file) also ``"secrets_newer"``: whether the file was written
-    after the process started (its mtime against the start time in ``/proc/<pid>/stat``, field 22, clock ticks
-    after ``btime`` of ``/proc/stat``; proc(5)): a run that wrote new secrets and was killed before its restart.
+    more than a second after the process started: a run that wrote new secrets and was killed before its restart.
+    Both ages are read at one instant: the process's from ``/proc/uptime`` less its start in ``/proc/<pid>/stat``
+    (field 22, clock ticks after boot; proc(5)), the file's from the clock less its mtime (whole seconds: never
+    younger than it is). Start times from ``btime`` (whole seconds of /proc/stat) were off by up to a second, and
+    a start that followed its run's write by less than that read as "started before" (CI, a stand-in group).
     """
 
     def command(self, pid_source, releases_dir, secrets=None):
@@ -129,9 +136,10 @@ class RunningRelease(FactBase):
         times = []
         if secrets:
             # field 22 is the 20th after the ") " that ends the command name (which may hold spaces)
-            started = ("awk -v tck=\"$(getconf CLK_TCK)\" -v boot=\"$(awk '/^btime/ {print $2}' /proc/stat)\" "
-                       "'{sub(/.*\\) /, \"\"); print \"started=\" int(boot + $20 / tck)}' \"/proc/$pid/stat\" 2>/dev/null")
-            times = [";", started, ";", "echo", '"secrets=$(stat -c %Y', QuoteString(secrets), '2>/dev/null)"']
+            started = ("awk -v tck=\"$(getconf CLK_TCK)\" -v up=\"$(cut -d ' ' -f 1 /proc/uptime)\" "
+                       "'{sub(/.*\\) /, \"\"); printf \"started_ago=%.2f\\n\", up - $20 / tck}' \"/proc/$pid/stat\" 2>/dev/null")
+            written = StringCommand("m=$(stat -c %Y", QuoteString(secrets), '2>/dev/null) && echo "secrets_ago=$(($(date +%s) - m))"')
+            times = [";", started, ";", written]
         return StringCommand(
             find, ";", 'case "$pid" in', "''|0|*[!0-9]*)", "echo", "none", ";;", "*)",
             "echo", '"pid=$pid"', ";", "readlink", '"/proc/$pid/cwd"', "||", "echo", "none", *times, ";;", "esac",
@@ -147,11 +155,16 @@ class RunningRelease(FactBase):
             return None
         folder, release = posixpath.split(cwd.rstrip("/"))
         found = {"pid": pid, "release": release if folder == releases and release else None}
-        times = {key: int(value) for key, _, value in (line.partition("=") for line in lines)
-                 if key in ("started", "secrets") and value.isdigit()}
-        if len(times) == 2:
-            # whole seconds both: a file written in the second the process started counts as read by it
-            found["secrets_newer"] = times["secrets"] > times["started"]
+        ages = {}
+        for key, _, value in (line.partition("=") for line in lines):
+            if key in ("started_ago", "secrets_ago"):
+                try:
+                    ages[key] = float(value)
+                except ValueError:
+                    pass
+        if len(ages) == 2:
+            # a second's margin: the run that starts vLLM writes its secrets before, never a second after
+            found["secrets_newer"] = ages["secrets_ago"] < ages["started_ago"] - SECRETS_MARGIN_SECONDS
         return found
 
 

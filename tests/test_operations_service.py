@@ -146,6 +146,19 @@ def test_secrets_written_after_the_process_started_make_it_stale_live(local_host
         secrets.write_text("VLLM_API_KEY=new\n")
         os.utime(secrets, (time.time() + 5, time.time() + 5))  # whole seconds: clearly after the start
         assert local_host.get_fact(RunningRelease, **args)["secrets_newer"] is True
+        # a start right after the write, as its run makes it (whatever the fraction of a second the machine booted
+        # at), never reads as "started before"
+        for _ in range(5):
+            secrets.write_text("VLLM_API_KEY=fresh\n")
+            fresh = subprocess.Popen(["sleep", "60"], cwd=releases / "abc123")
+            try:
+                pidfile.write_text(f"{fresh.pid}\n")
+                assert local_host.get_fact(RunningRelease, **args)["secrets_newer"] is False
+            finally:
+                fresh.kill()
+                fresh.wait()
+            time.sleep(0.23)
+        pidfile.write_text(f"{process.pid}\n")
         # without the file named, the fact is what it was
         assert local_host.get_fact(RunningRelease, pid_source=args["pid_source"], releases_dir=str(releases)) == \
             {"pid": process.pid, "release": "abc123"}
@@ -157,9 +170,11 @@ def test_secrets_written_after_the_process_started_make_it_stale_live(local_host
 def test_secrets_newer_than_the_process_restart_it_with_the_reason():
     from operations import service
 
-    lines = ["pid=42", "/opt/heavylift/deployments/kimi/releases/abc123", "started=1000", "secrets=1001",
+    lines = ["pid=42", "/opt/heavylift/deployments/kimi/releases/abc123", "started_ago=300.25", "secrets_ago=60",
              "releases=/opt/heavylift/deployments/kimi/releases"]
     assert service.RunningRelease().process(lines) == {"pid": 42, "release": "abc123", "secrets_newer": True}
-    # the same second: written by the run that started it
-    lines[3] = "secrets=1000"
-    assert service.RunningRelease().process(lines)["secrets_newer"] is False
+    # written before the start, or within a second after it: by the run that started it
+    for written, newer in (("301", False), ("300", False), ("299.5", False), ("299", True)):
+        lines[3] = f"secrets_ago={written}"
+        assert service.RunningRelease().process(lines)["secrets_newer"] is newer, written
+    assert service.RunningRelease().process([*lines[:3], "releases=/x"]).get("secrets_newer") is None  # no file
