@@ -197,11 +197,43 @@ def test_dry_diff_shows_the_unit_and_never_a_secret(site):
     assert env_file.read_text() == before
 
 
+def test_failed_upgrade_rolls_back_while_a_second_run_is_blocked(site):
+    host = site["host"]
+    good = current_release(host)
+    site["write"](extra_args=["--no-such-vllm-flag"])
+    upgrade = rollout_support.run_while_a_second_run_tries(host, site["inventory"], f"{ROOT}/deploy.lock")
+    blocked, blocked_seconds, output = upgrade.blocked, upgrade.blocked_seconds, upgrade.output
+    site["outputs"] += [blocked.output, output]
+    assert blocked.returncode != 0
+    assert "locked by pyinfra run of" in blocked.output and f"(pid {upgrade.pid})" in blocked.output, blocked.output[-3000:]
+    assert blocked_seconds < 30, blocked_seconds
+    # the upgrade failed its gate, went back to the release that worked, and says so
+    assert upgrade.returncode != 0, output[-5000:]
+    assert f"rolling back to release {good}" in output, output[-5000:]
+    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in output, output[-5000:]
+    # said once, in plain words, with vLLM's complaint first (not a traceback of a Python callback)
+    assert output.count("failed its readiness gate and was rolled back") == 1, output[-5000:]
+    assert "Unexpected error" not in output and "Traceback" not in output.split("Last lines of its log")[0]
+    assert re.search(r"Errors in its log:\n(  .*\n)*  .*no-such-vllm-flag", output), output[-5000:]
+    assert "no-such-vllm-flag" in output  # vLLM's own complaint, from the log tail
+    assert current_release(host) == good
+    assert complete()["choices"][0]["text"] is not None
+    status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
+    assert status["release"] == good and status["healthy"] and status["rolled_back_from"] != good
+    print(f"\nsecond run blocked in {blocked_seconds:.1f} s; rollback re-gated, load {status['load_seconds']} s")
+    print("\n".join(line for line in (blocked.output + output).splitlines()
+                    if re.search(r"locked by|rolling back|rolled back|no-such-vllm-flag|report:", line))[:3000])
+    # the site back to what serves: the next run restarts nothing, though the staging launcher it rewrites still
+    # held the failed release's text (the release it names is the one running)
+    pid = read_pid(host)
+    site["write"]()
+    back = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(back.output)
+    assert back.returncode == 0 and read_pid(host) == pid and current_release(host) == good, back.output[-5000:]
+
+
 def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):
-    """A release vLLM cannot start (an overlay config with an unknown architecture) is rolled back, said once with
-    vLLM's complaint first; with the site back to what serves, the next run restarts nothing. (A failed upgrade by a
-    bad flag, while a second run waits at the lock, is test_e2e_systemd's: the same gate and rollback under the
-    other supervisor.)"""
+    """The other way a release cannot start: an overlay config vLLM refuses (an unknown architecture)."""
     import shutil
 
     host = site["host"]
@@ -215,26 +247,12 @@ def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):
     started = time.monotonic()
     failed = run_pyinfra(site["inventory"], env={**SECRET_ENV, "HEAVYLIFT_CATALOG": str(catalog)})
     site["outputs"].append(failed.output)
-    output = failed.output
     assert failed.returncode != 0
-    assert f"rolling back to release {good}" in output, output[-5000:]
-    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in output, output[-5000:]
-    # said once, in plain words, with vLLM's complaint first (not a traceback of a Python callback)
-    assert output.count("failed its readiness gate and was rolled back") == 1, output[-5000:]
-    assert "Unexpected error" not in output and "Traceback" not in output.split("Last lines of its log")[0]
-    assert re.search(r"Errors in its log:\n(  .*\n)*  .*NoSuchModelForCausalLM", output), output[-5000:]
+    assert f"was rolled back: release {good} serves heavylift/tiny-llama" in failed.output, failed.output[-5000:]
+    assert "NoSuchModelForCausalLM" in failed.output  # vLLM's complaint, from the log tail
     assert current_release(host) == good
     assert complete()["choices"][0]["text"] is not None
-    status = json.loads(host.run(f"cat {DEPLOYMENT_DIR}/status.json").stdout)
-    assert status["release"] == good and status["healthy"] and status["rolled_back_from"] != good
-    print(f"\nfailed patch rolled back in {time.monotonic() - started:.0f} s; the rollback re-gated, load "
-          f"{status['load_seconds']} s")
-    # the site back to what serves: the next run restarts nothing, though the staging overlay it rewrites still held
-    # the failed release's config (the release it names is the one running)
-    pid = read_pid(host)
-    back = run_pyinfra(site["inventory"], env=SECRET_ENV)
-    site["outputs"].append(back.output)
-    assert back.returncode == 0 and read_pid(host) == pid and current_release(host) == good, back.output[-5000:]
+    print(f"\nfailed patch rolled back in {time.monotonic() - started:.0f} s")
 
 
 def test_two_revision_moves_remove_the_oldest_snapshot_and_a_rollback_still_works(site, hub_mirror, tmp_path):
