@@ -236,12 +236,17 @@ def weights_present(plan, check: DiskCheck):
 
 def overlay_rendered(plan):
     """Links to the pristine files plus the patched, rendered configs; with --diff also the overlay
-    against the checkpoint's own files. Returns the operations whose change makes vLLM stale."""
+    against the checkpoint's own files.
+
+    Returns the operations whose change makes vLLM stale: none. As with the staging launcher (``release_staged``),
+    the overlay is part of the release id (resolve/launcher.py ``release_id``) and each release runs its own copy
+    of it: a new overlay is a new release, whose switch restarts vLLM; and after a release with a bad overlay was
+    rolled back, writing the serving release's overlay back would restart a vLLM that already runs it."""
     layout, part, snapshot = plan.layout, plan.overlay, plan.weights.snapshot
     files.directory(name="overlay folder", path=layout.overlay)
-    changed = [checkpoint.links(name="overlay links", path=layout.overlay, target_dir=plan.weights.content_dir,
-                                names=list(part.link_names))]
-    changed += [
+    checkpoint.links(name="overlay links", path=layout.overlay, target_dir=plan.weights.content_dir,
+                     names=list(part.link_names))
+    for filename, text in part.rendered.items():
         files.template(
             name=f"overlay {filename}",
             src=str(TEMPLATES / f"{filename}.j2"),
@@ -253,8 +258,6 @@ def overlay_rendered(plan):
             document=text.rstrip("\n"),
             create_remote_dir=False,  # the overlay folder above; see resolution.json
         )
-        for filename, text in part.rendered.items()
-    ]
     if state.config.DIFF:
         # what the rules and the catalog change in the checkpoint's own files, shown whether or not the host has
         # the overlay yet (its diff above is against the host's current file)
@@ -266,7 +269,7 @@ def overlay_rendered(plan):
             )
             for line in changes:
                 logger.info(f"  {line}")
-    return changed
+    return []
 
 
 def release_staged(plan):

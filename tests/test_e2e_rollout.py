@@ -253,6 +253,13 @@ def test_a_checkpoint_patch_that_makes_vllm_exit_is_rolled_back(site, tmp_path):
     assert current_release(host) == good
     assert complete()["choices"][0]["text"] is not None
     print(f"\nfailed patch rolled back in {time.monotonic() - started:.0f} s")
+    # the catalog back to what serves: the next run writes the staging overlay back and restarts nothing (the
+    # overlay is part of the release id; the release it names is the one running)
+    pid = read_pid(host)
+    back = run_pyinfra(site["inventory"], env=SECRET_ENV)
+    site["outputs"].append(back.output)
+    assert back.returncode == 0 and read_pid(host) == pid and current_release(host) == good, back.output[-5000:]
+    assert "overlay config.json" in back.changed_operations(), back.output[-5000:]
 
 
 def test_two_revision_moves_remove_the_oldest_snapshot_and_a_rollback_still_works(site, hub_mirror, tmp_path):
