@@ -203,11 +203,13 @@ APPS_QUERY = "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_n
 # for each process: the heavylift deployment it runs under, from its own command line or an ancestor's
 # (vLLM's API server runs <root>/deployments/<name>/releases/<id>/venv/bin/python; its engine core and the
 # tensor parallel workers are its descendants); "?" when the pid is not in this host's /proc (a
-# container's PID namespace), empty when no ancestor is a deployment's
+# container's PID namespace), empty when no ancestor is a deployment's or when the process sees another
+# filesystem root than this host's (a container whose paths read like ours: not ours)
 OWNER_SCRIPT = r"""
 owner() {
   p=$1; n=0
   [ -r "/proc/$p/stat" ] || { echo "?"; return; }
+  [ "$(stat -L -c %d:%i "/proc/$p/root" 2>/dev/null)" = "$(stat -L -c %d:%i /)" ] || { echo ""; return; }
   # the launcher's working folder, inherited by the engine core and every rank, also once orphaned
   w=$(readlink "/proc/$p/cwd" 2>/dev/null)
   case "$w" in "$D"/*) w=${w#"$D"/}; echo "${w%%/*}"; return;; esac

@@ -226,16 +226,23 @@ def kill_engine(pid: int, poke=None, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
+def own_processes(host, user: str = "heavylift") -> str:
+    """``pid args`` lines of ``user``'s processes on ``host`` itself. The SSH test hosts share this machine's PID
+    namespace, so ``ps`` on one lists every host's (and a systemd host's, whose PID namespace is a child of it):
+    only those that see the host's own root are its own."""
+    script = ('r=$(stat -L -c %d:%i /); ps -u "$1" -o pid=,args= | while read -r pid args; do '
+              '[ "$(stat -L -c %d:%i "/proc/$pid/root" 2>/dev/null)" = "$r" ] && echo "$pid $args"; done; true')
+    return host.run(["sh", "-c", script, "sh", user]).stdout
+
+
 def ranks(host, user: str = "heavylift") -> dict[int, int]:
     """{rank: pid} of the service user's vLLM worker processes on ``host`` (vLLM titles them VLLM::Worker_TP<n>)."""
-    listed = host.run(["ps", "-u", user, "-o", "pid=,args="]).stdout
     return {int(found.group(2)): int(found.group(1))
-            for found in re.finditer(r"^\s*(\d+) VLLM::Worker_TP(\d+)", listed, re.M)}
+            for found in re.finditer(r"^\s*(\d+) VLLM::Worker_TP(\d+)", own_processes(host, user), re.M)}
 
 
 def engine_cores(host, user: str = "heavylift") -> list[int]:
-    listed = host.run(["ps", "-u", user, "-o", "pid=,args="]).stdout
-    return [int(found.group(1)) for found in re.finditer(r"^\s*(\d+) VLLM::EngineCore", listed, re.M)]
+    return [int(found.group(1)) for found in re.finditer(r"^\s*(\d+) VLLM::EngineCore", own_processes(host, user), re.M)]
 
 
 def rank_segments(host, user: str = "heavylift") -> list[str]:

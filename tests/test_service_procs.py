@@ -140,3 +140,61 @@ def test_end_ends_the_leftover_and_unheld_segments_only(deployment):
         for process in (holder, mapper):
             process.kill()
             process.wait()
+
+
+@pytest.mark.skipif(USER is None, reason="chroot and other processes' /proc/<pid>/root: needs root")
+def test_a_process_under_another_root_is_never_the_deployments(tmp_path):
+    """A container or a test host sees the same paths as ours through a root of its own: its vLLM, of the same
+    user, runs from a folder whose path reads like one of our releases. It is someone else's: never listed,
+    never ended (test hosts whose pivot_root made the same path mean another folder killed each other's vLLM)."""
+    releases = tmp_path / "releases"
+    (releases / "theirs0release").mkdir(parents=True)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    pidfile = tmp_path / "serve.pid"
+    pidfile.write_text("")
+    # a child that takes tmp_path as its root: its working folder, read from here, is <releases>/theirs0release
+    # (the same text whether it went there before or after the chroot), and its root is another folder than ours
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import os, time\n"
+        f"os.chdir({str(releases / 'theirs0release')!r})\n"
+        f"os.chroot({str(tmp_path)!r})\n"
+        "time.sleep(300)\n")])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.stat(f"/proc/{child.pid}/root").st_ino == os.stat("/").st_ino:
+            time.sleep(0.05)
+        assert os.readlink(f"/proc/{child.pid}/cwd") == str(releases / "theirs0release")
+        listed = run("list", releases, f"pidfile:{pidfile}", shm)
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout)["leftovers"] == []
+        assert run("end", releases, f"pidfile:{pidfile}", shm).returncode == 0
+        assert alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.skipif(USER is None, reason="chroot and other processes' /proc/<pid>/root: needs root")
+def test_the_gpu_use_fact_names_no_deployment_for_a_process_under_another_root(tmp_path):
+    """resolve/gpus.py's owner(): a GPU process of ours is named by its deployment; one under another root whose
+    working folder reads the same is no deployment's (so the GPU preflight refuses it instead of ending it)."""
+    from resolve.gpus import OWNER_SCRIPT
+
+    deployments = tmp_path / "deployments"
+    release = deployments / "dep1" / "releases" / "r1"
+    release.mkdir(parents=True)
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], cwd=release)
+    theirs = subprocess.Popen([sys.executable, "-c", (
+        f"import os, time\nos.chdir({str(release)!r})\nos.chroot({str(tmp_path)!r})\ntime.sleep(300)\n")])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.stat(f"/proc/{theirs.pid}/root").st_ino == os.stat("/").st_ino:
+            time.sleep(0.05)
+        said = subprocess.run(["sh", "-c", f"{OWNER_SCRIPT}\nD={deployments}\nowner {ours.pid}; owner {theirs.pid}"],
+                              capture_output=True, text=True, timeout=30)
+        assert said.stdout.split("\n")[:2] == ["dep1", ""], said
+    finally:
+        for process in (ours, theirs):
+            process.kill()
+            process.wait()

@@ -92,7 +92,10 @@ def test_cut_ssh_drops_the_session_keeps_the_daemon_and_restore_brings_ssh_back(
                                     check=True).stdout)
     # a control machine's open connection, as pyinfra keeps one for the whole run
     session = subprocess.Popen(host.ssh_argv("sleep 600"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_for(lambda: host.run("pgrep -x sleep | wc -l").stdout.strip() == "2")
+    # the host's own sleeps: its PID namespace is the machine's, where other tests may sleep too
+    own_sleeps = ('r=$(stat -L -c %d:%i /); for p in $(pgrep -x sleep); do '
+                  '[ "$(stat -L -c %d:%i /proc/$p/root 2>/dev/null)" = "$r" ] && echo $p; done | wc -l')
+    assert wait_for(lambda: host.run(own_sleeps).stdout.strip() == "2")
 
     killed = host.cut_ssh()
 

@@ -7,7 +7,9 @@
 The launcher runs vLLM from its release folder (templates/serve.sh.j2: ``cd "$HERE"``, then exec) and every
 process vLLM starts (the engine core, one worker per rank, multiprocessing's resource tracker) inherits that
 working folder. So a process of USER whose working folder is under RELEASES_DIR was started by heavylift for
-this deployment. The service's own processes are PID_SOURCE's main process and its descendants
+this deployment, provided it sees the same filesystem root as this script: a process of another root (a container,
+or a test host, whose pivot_root made the same path mean another folder) reads the same working folder text
+from here and is someone else's. The service's own processes are PID_SOURCE's main process and its descendants
 ("systemd:UNIT": the unit's MainPID; "pidfile:PATH": the fallback's pidfile); any other such process is a
 leftover of an earlier start, e.g. the engine core and ranks of an API server that was killed: they outlive
 it, reparented to init, holding their memory (vLLM 0.32 CPU, seen: SIGKILL to the API server leaves
@@ -97,10 +99,20 @@ def tree_of(root, parents):
     return tree
 
 
+def root_of(pid):
+    """(device, inode) of the root the process sees, None when it cannot be read."""
+    try:
+        info = os.stat(f"/proc/{pid}/root")
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 def processes(releases_dir, uid, pid_source):
     """{"main": pid or None, "service": [...], "leftovers": [...]}: the deployment's live processes, each
     {"pid", "ppid", "name", "release"}."""
     prefix = releases_dir.rstrip("/") + "/"
+    own_root = root_of("self")
     parents, ours = {}, {}
     for pid in pids():
         fields = stat_fields(pid)
@@ -112,7 +124,7 @@ def processes(releases_dir, uid, pid_source):
             owner = os.stat(f"/proc/{pid}").st_uid
         except OSError:
             continue
-        if owner == uid and cwd.startswith(prefix):
+        if owner == uid and cwd.startswith(prefix) and root_of(pid) == own_root:
             ours[pid] = {"pid": pid, "ppid": fields[1], "name": name_of(pid),
                          "release": cwd[len(prefix):].split("/", 1)[0]}
     main = main_pid(pid_source)
