@@ -1,5 +1,6 @@
 """The SSH test hosts themselves: real pyinfra reaches each one, and each keeps to itself."""
 
+import re
 import socket
 import subprocess
 import sys
@@ -93,9 +94,12 @@ def test_cut_ssh_drops_the_session_keeps_the_daemon_and_restore_brings_ssh_back(
     # a control machine's open connection, as pyinfra keeps one for the whole run
     session = subprocess.Popen(host.ssh_argv("sleep 600"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # the host's own sleeps: its PID namespace is the machine's, where other tests may sleep too
-    own_sleeps = ('r=$(stat -L -c %d:%i /); for p in $(pgrep -x sleep); do '
-                  '[ "$(stat -L -c %d:%i /proc/$p/root 2>/dev/null)" = "$r" ] && echo $p; done | wc -l')
-    assert wait_for(lambda: host.run(own_sleeps).stdout.strip() == "2")
+    from rollout_support import own_processes
+
+    def own_sleeps():
+        return len(re.findall(r"^\d+ (?:/bin/)?sleep ", own_processes(host, "root"), re.M))
+
+    assert wait_for(lambda: own_sleeps() == 2)
 
     killed = host.cut_ssh()
 
